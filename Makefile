@@ -1,0 +1,120 @@
+# bnb8 — one Makefile. `make` builds libbnb8.a; `make test` runs the CPU tests; `make test-gpu`
+# and `make bench` need a GPU; `make train` builds and runs the trainer.
+#
+# Numerics: no contraction and no fast-math on either side, so the CPU and the GPU agree bit for bit.
+
+CC       ?= cc
+CFLAGS   ?= -O2
+CFLAGS   += -std=c11 -Wall -Wextra -ffp-contract=off -fno-fast-math -I.
+LDLIBS   += -lm
+BUILD    ?= build
+
+# OpenMP: used when the compiler accepts -fopenmp.
+OPENMP := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
+ifeq ($(OPENMP),yes)
+  CFLAGS += -fopenmp
+  LDLIBS += -fopenmp
+endif
+
+# CUDA: nvcc on PATH or in /usr/local/cuda. The target architecture is the GPU's own when
+# nvidia-smi sees one (sm_90 on an H100); otherwise a portable default (sm_75 code + PTX that
+# newer GPUs compile at load time). Override with `make NVCC_ARCH="-arch=sm_80"`.
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+  GPU_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
+  ifneq ($(GPU_CC),)
+    NVCC_ARCH ?= -arch=sm_$(GPU_CC)
+  else
+    NVCC_ARCH ?= -gencode arch=compute_75,code=[sm_75,compute_75]
+  endif
+  CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+  NVCCFLAGS  ?= -O3
+  NVCCFLAGS  += -std=c++17 -fmad=false $(NVCC_ARCH) -Xcompiler -ffp-contract=off -I.
+  CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart
+  LIB_OBJS   := $(BUILD)/bnb8_gpu.o $(BUILD)/bnb8_cuda.o
+else
+  LIB_OBJS   := $(BUILD)/bnb8.o
+endif
+
+# stb_ds.h (Debian: libstb-dev) for the optimizer's name -> config map. Elsewhere, point STB_DIR
+# at a folder holding stb/stb_ds.h: `make STB_DIR=path`.
+STB_DIR ?= /usr/include
+STB := $(shell test -f $(STB_DIR)/stb/stb_ds.h && echo $(STB_DIR)/stb/stb_ds.h)
+ifneq ($(STB_DIR),/usr/include)
+  CFLAGS += -I$(STB_DIR)
+endif
+
+TEST_SRCS := $(wildcard test/test_*.c)
+HEADERS   := bnb8.h test/test.h
+
+.PHONY: all info test test-asan test-gpu bench bench-cpu clean
+all: info $(BUILD)/libbnb8.a
+
+info:
+	@echo "bnb8: compiler   $(CC) ($(shell $(CC) -dumpversion 2>/dev/null))"
+	@echo "bnb8: OpenMP     $(if $(OPENMP),yes,no (single-threaded CPU path))"
+	@echo "bnb8: stb_ds.h   $(if $(STB),$(STB),NOT FOUND: apt-get install libstb-dev)"
+	@echo "bnb8: nvcc       $(if $(NVCC),$(NVCC) $(NVCC_ARCH),not found: CPU-only library)"
+	@echo "bnb8: GPU        $(if $(GPU_CC),compute capability $(GPU_CC),none seen by nvidia-smi)"
+
+$(BUILD):
+	@mkdir -p $(BUILD)
+
+$(BUILD)/bnb8.o: bnb8.c bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# In the library with CUDA, bnb8.c calls the GPU path directly (-DBNB8_CUDA): an archive does not
+# pull bnb8_cuda.o in for weak references. The CPU tests link the plain bnb8.o, no CUDA needed.
+$(BUILD)/bnb8_gpu.o: bnb8.c bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) -DBNB8_CUDA -c $< -o $@
+
+$(BUILD)/bnb8_cuda.o: bnb8_cuda.cu bnb8.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libbnb8.a: $(LIB_OBJS)
+	$(AR) rcs $@ $^
+
+# CPU tests: one program, every test/test_*.c; the last line it prints is "N passed, M failed".
+$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/bnb8.o $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) $(TEST_SRCS) $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+
+# The README's example must compile and run as printed.
+$(BUILD)/readme_example: README.md $(BUILD)/bnb8.o | $(BUILD)
+	sed -n '/example:begin/,/example:end/p' README.md | sed '/^```/d;/^<!--/d' > $(BUILD)/readme_example.c
+	$(CC) $(CFLAGS) $(BUILD)/readme_example.c $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+
+test: info $(BUILD)/readme_example $(BUILD)/test_cpu
+	./$(BUILD)/readme_example
+	./$(BUILD)/test_cpu
+
+# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs it too).
+test-asan:
+	$(MAKE) --no-print-directory BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+# CPU benchmark: quantization and AdamW steps, 1 thread and all threads.
+$(BUILD)/bench_cpu: dev/bench/bench_cpu.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+
+bench-cpu: info $(BUILD)/bench_cpu
+	./$(BUILD)/bench_cpu
+
+# GPU tests and benchmarks: need nvcc to build and a GPU to run.
+$(BUILD)/test_gpu: test/test_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
+
+$(BUILD)/bench_gpu: dev/bench/bench_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
+
+ifneq ($(NVCC),)
+test-gpu: info $(BUILD)/test_gpu
+	./$(BUILD)/test_gpu
+
+bench: info $(BUILD)/bench_gpu
+	./$(BUILD)/bench_gpu
+else
+test-gpu bench:
+	@echo "bnb8: $@ needs the CUDA toolkit (nvcc) and an NVIDIA GPU; nvcc was not found" && exit 1
+endif
+
+clean:
+	rm -rf build

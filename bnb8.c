@@ -1,0 +1,873 @@
+/*
+bnb8.c — the CPU back end: maps, block-wise quantization, optimizers (OpenMP), files.
+See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU bit for bit.
+*/
+#define _POSIX_C_SOURCE 200809L   // fsync, fileno
+#include "bnb8.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// ------------------------------------------------------------------------------------------------
+// Errors
+
+static _Thread_local char bnb8_error_text[512];
+
+static const char *bnb8_error_names[BNB8_NUM_ERRORS] = {
+    "ok",
+    "a required pointer is NULL",
+    "a size is negative or out of range",
+    "block size is not a power of two in 64..4096",
+    "unknown or unsupported dtype",
+    "an argument is out of range",
+    "out of memory",
+    "file could not be opened, read or written",
+    "file is malformed, truncated or does not match",
+    "a CUDA call failed",
+    "a pointer is on the wrong device for this call",
+};
+
+const char *bnb8_strerror(int status) {
+    if (status < 0 || status >= BNB8_NUM_ERRORS) return "unknown bnb8 status";
+    return bnb8_error_names[status];
+}
+
+const char *bnb8_last_error(void) { return bnb8_error_text; }
+
+// Records the detailed message of a failure and returns its status, so callers write
+// `return bnb8_fail(BNB8_ERR_SIZE, "bnb8_quantize_blockwise: n = %lld < 0", n);`.
+int bnb8_fail(int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(bnb8_error_text, sizeof bnb8_error_text, fmt, ap);
+    va_end(ap);
+    if (len >= 0 && (size_t)len < sizeof bnb8_error_text - 4)
+        snprintf(bnb8_error_text + len, sizeof bnb8_error_text - (size_t)len, " (%s)", bnb8_strerror(status));
+    return status;
+}
+
+size_t bnb8_dtype_size(bnb8_dtype dtype) {
+    if (dtype == BNB8_F32) return 4;
+    if (dtype == BNB8_F16 || dtype == BNB8_BF16) return 2;
+    return 0;
+}
+
+static int bnb8_check_blocksize(const char *fn, int64_t blocksize) {
+    if (blocksize < 64 || blocksize > 4096 || (blocksize & (blocksize - 1)))
+        return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld", fn, (long long)blocksize);
+    return BNB8_OK;
+}
+
+static int bnb8_check_dtype(const char *fn, bnb8_dtype dtype) {
+    if (bnb8_dtype_size(dtype) == 0) return bnb8_fail(BNB8_ERR_DTYPE, "%s: dtype %d", fn, (int)dtype);
+    return BNB8_OK;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Quantization maps
+
+// bitsandbytes builds the dynamic maps with float32 linspace, whose rounding differs from the exact
+// formula 10^(i-6) (0.1 + 0.9 (2k+1)/2^(i+1)) by up to 2 ulp in some entries. These are the values
+// its users get (float32 bit patterns, index = stored byte); test/test_bnb8.c checks them against
+// the golden files and against the exact formula.
+static const uint32_t bnb8_dynamic_signed_bits[256] = {
+    0xbf7e3333, 0xbf7a999a, 0xbf770000, 0xbf736666, 0xbf6fcccd, 0xbf6c3333, 0xbf68999a, 0xbf650000,
+    0xbf616666, 0xbf5dcccd, 0xbf5a3333, 0xbf56999a, 0xbf530000, 0xbf4f6666, 0xbf4bcccd, 0xbf483333,
+    0xbf44999a, 0xbf410000, 0xbf3d6666, 0xbf39cccd, 0xbf363334, 0xbf32999a, 0xbf2f0000, 0xbf2b6666,
+    0xbf27cccd, 0xbf243334, 0xbf20999a, 0xbf1d0000, 0xbf196666, 0xbf15cccd, 0xbf123334, 0xbf0e999a,
+    0xbf0b0000, 0xbf076666, 0xbf03cccc, 0xbf003333, 0xbef93332, 0xbef20000, 0xbeeacccc, 0xbee3999a,
+    0xbedc6666, 0xbed53333, 0xbece0000, 0xbec6cccc, 0xbebf999a, 0xbeb86666, 0xbeb13333, 0xbeaa0000,
+    0xbea2cccc, 0xbe9b999a, 0xbe946666, 0xbe8d3334, 0xbe860000, 0xbe7d9999, 0xbe6f3333, 0xbe60cccd,
+    0xbe526666, 0xbe440000, 0xbe35999a, 0xbe273333, 0xbe18cccd, 0xbe0a6666, 0xbdf80000, 0xbddb3334,
+    0xbdc9eb85, 0xbdc428f7, 0xbdbe6667, 0xbdb8a3d7, 0xbdb2e148, 0xbdad1eb8, 0xbda75c2a, 0xbda1999a,
+    0xbd9bd70a, 0xbd96147b, 0xbd9051eb, 0xbd8a8f5d, 0xbd84cccd, 0xbd7e147b, 0xbd728f5d, 0xbd670a3d,
+    0xbd5b851f, 0xbd500000, 0xbd447ae1, 0xbd38f5c3, 0xbd2d70a3, 0xbd21eb85, 0xbd166667, 0xbd0ae148,
+    0xbcfeb852, 0xbce7ae15, 0xbcd0a3d7, 0xbcb9999a, 0xbca28f5d, 0xbc8b851f, 0xbc68f5c3, 0xbc3ae148,
+    0xbc1f3b64, 0xbc160418, 0xbc0ccccd, 0xbc039581, 0xbbf4bc6a, 0xbbe24dd3, 0xbbcfdf3b, 0xbbbd70a4,
+    0xbbab020d, 0xbb989374, 0xbb8624dd, 0xbb676c8a, 0xbb428f5c, 0xbb1db22d, 0xbaf1a9fc, 0xbaa7ef9d,
+    0xba7765ff, 0xba59e83e, 0xba3c6a80, 0xba1eecc1, 0xba016f01, 0xb9c7e283, 0xb98ce705, 0xb923d70b,
+    0xb8ba1f4b, 0xb88aefb3, 0xb8378034, 0xb7b24206, 0xb70205ff, 0xb65a1a94, 0xb513a3b7, 0x00000000,
+    0x3513a3b7, 0x365a1a94, 0x370205ff, 0x37b24206, 0x38378034, 0x388aefb3, 0x38ba1f4b, 0x3923d70b,
+    0x398ce705, 0x39c7e283, 0x3a016f01, 0x3a1eecc1, 0x3a3c6a80, 0x3a59e83e, 0x3a7765ff, 0x3aa7ef9d,
+    0x3af1a9fc, 0x3b1db22d, 0x3b428f5c, 0x3b676c8a, 0x3b8624dd, 0x3b989374, 0x3bab020d, 0x3bbd70a4,
+    0x3bcfdf3b, 0x3be24dd3, 0x3bf4bc6a, 0x3c039581, 0x3c0ccccd, 0x3c160418, 0x3c1f3b64, 0x3c3ae148,
+    0x3c68f5c3, 0x3c8b851f, 0x3ca28f5d, 0x3cb9999a, 0x3cd0a3d7, 0x3ce7ae15, 0x3cfeb852, 0x3d0ae148,
+    0x3d166667, 0x3d21eb85, 0x3d2d70a3, 0x3d38f5c3, 0x3d447ae1, 0x3d500000, 0x3d5b851f, 0x3d670a3d,
+    0x3d728f5d, 0x3d7e147b, 0x3d84cccd, 0x3d8a8f5d, 0x3d9051eb, 0x3d96147b, 0x3d9bd70a, 0x3da1999a,
+    0x3da75c2a, 0x3dad1eb8, 0x3db2e148, 0x3db8a3d7, 0x3dbe6667, 0x3dc428f7, 0x3dc9eb85, 0x3ddb3334,
+    0x3df80000, 0x3e0a6666, 0x3e18cccd, 0x3e273333, 0x3e35999a, 0x3e440000, 0x3e526666, 0x3e60cccd,
+    0x3e6f3333, 0x3e7d9999, 0x3e860000, 0x3e8d3334, 0x3e946666, 0x3e9b999a, 0x3ea2cccc, 0x3eaa0000,
+    0x3eb13333, 0x3eb86666, 0x3ebf999a, 0x3ec6cccc, 0x3ece0000, 0x3ed53333, 0x3edc6666, 0x3ee3999a,
+    0x3eeacccc, 0x3ef20000, 0x3ef93332, 0x3f003333, 0x3f03cccc, 0x3f076666, 0x3f0b0000, 0x3f0e999a,
+    0x3f123334, 0x3f15cccd, 0x3f196666, 0x3f1d0000, 0x3f20999a, 0x3f243334, 0x3f27cccd, 0x3f2b6666,
+    0x3f2f0000, 0x3f32999a, 0x3f363334, 0x3f39cccd, 0x3f3d6666, 0x3f410000, 0x3f44999a, 0x3f483333,
+    0x3f4bcccd, 0x3f4f6666, 0x3f530000, 0x3f56999a, 0x3f5a3333, 0x3f5dcccd, 0x3f616666, 0x3f650000,
+    0x3f68999a, 0x3f6c3333, 0x3f6fcccd, 0x3f736666, 0x3f770000, 0x3f7a999a, 0x3f7e3333, 0x3f800000,
+};
+static const uint32_t bnb8_dynamic_unsigned_bits[256] = {
+    0x00000000, 0x34ae7baa, 0x35500998, 0x360e9b38, 0x3692ccf6, 0x36de4c51, 0x3714e5d5, 0x3783126e,
+    0x37e171a0, 0x381fe868, 0x384f1800, 0x387e479a, 0x3896bb99, 0x38ae5364, 0x38c5eb31, 0x3906594b,
+    0x394154ca, 0x397c5049, 0x399ba5e4, 0x39b923a2, 0x39d6a163, 0x39f41f22, 0x3a08ce71, 0x3a178d50,
+    0x3a264c30, 0x3a350b10, 0x3a43c9ef, 0x3a5288d0, 0x3a6147af, 0x3a70068e, 0x3a7ec56e, 0x3a958106,
+    0x3aba5e35, 0x3adf3b64, 0x3b020c4a, 0x3b147ae1, 0x3b26e978, 0x3b395810, 0x3b4bc6a7, 0x3b5e3540,
+    0x3b70a3d7, 0x3b818937, 0x3b8ac082, 0x3b93f7cf, 0x3b9d2f1a, 0x3ba66666, 0x3baf9db2, 0x3bb8d4fd,
+    0x3bc20c4a, 0x3bcb4395, 0x3bd47ae1, 0x3bddb22e, 0x3be6e978, 0x3bf020c5, 0x3bf9580f, 0x3c0147ae,
+    0x3c05e354, 0x3c0a7ef9, 0x3c0f1aa0, 0x3c13b645, 0x3c1851eb, 0x3c1ced92, 0x3c218937, 0x3c2f5c2a,
+    0x3c466667, 0x3c5d70a3, 0x3c747ae2, 0x3c85c28f, 0x3c9147af, 0x3c9ccccd, 0x3ca851eb, 0x3cb3d70b,
+    0x3cbf5c29, 0x3ccae147, 0x3cd66667, 0x3ce1eb87, 0x3ced70a3, 0x3cf8f5c3, 0x3d023d70, 0x3d080000,
+    0x3d0dc28f, 0x3d13851f, 0x3d1947af, 0x3d1f0a3d, 0x3d24cccd, 0x3d2a8f5c, 0x3d3051eb, 0x3d36147b,
+    0x3d3bd70a, 0x3d41999a, 0x3d475c28, 0x3d4d1eb8, 0x3d52e147, 0x3d58a3d7, 0x3d5e6667, 0x3d6428f7,
+    0x3d69eb87, 0x3d6fae15, 0x3d7570a3, 0x3d7b3333, 0x3d807ae2, 0x3d835c2a, 0x3d863d71, 0x3d891eb8,
+    0x3d8c0000, 0x3d8ee148, 0x3d91c290, 0x3d94a3d7, 0x3d97851f, 0x3d9a6667, 0x3d9d47af, 0x3da028f6,
+    0x3da30a3e, 0x3da5eb85, 0x3da8cccd, 0x3dabae15, 0x3dae8f5c, 0x3db170a4, 0x3db451eb, 0x3db73333,
+    0x3dba147b, 0x3dbcf5c3, 0x3dbfd70b, 0x3dc2b852, 0x3dc5999a, 0x3dc87ae2, 0x3dcb5c29, 0x3dd40000,
+    0x3de26666, 0x3df0cccd, 0x3dff3333, 0x3e06cccc, 0x3e0e0000, 0x3e153334, 0x3e1c6666, 0x3e23999a,
+    0x3e2acccc, 0x3e320000, 0x3e393334, 0x3e406666, 0x3e47999a, 0x3e4ecccc, 0x3e560000, 0x3e5d3334,
+    0x3e646666, 0x3e6b999a, 0x3e72cccc, 0x3e7a0000, 0x3e809999, 0x3e843333, 0x3e87cccd, 0x3e8b6666,
+    0x3e8f0000, 0x3e92999a, 0x3e963333, 0x3e99cccc, 0x3e9d6666, 0x3ea10000, 0x3ea4999a, 0x3ea83333,
+    0x3eabcccc, 0x3eaf6666, 0x3eb30000, 0x3eb6999a, 0x3eba3333, 0x3ebdcccc, 0x3ec16666, 0x3ec50000,
+    0x3ec8999a, 0x3ecc3333, 0x3ecfcccc, 0x3ed36666, 0x3ed70000, 0x3eda999a, 0x3ede3333, 0x3ee1cccc,
+    0x3ee56666, 0x3ee90000, 0x3eec999a, 0x3ef03333, 0x3ef3cccc, 0x3ef76666, 0x3efb0000, 0x3efe9999,
+    0x3f01199a, 0x3f02e666, 0x3f04b333, 0x3f068000, 0x3f084ccc, 0x3f0a199a, 0x3f0be666, 0x3f0db334,
+    0x3f0f8000, 0x3f114ccd, 0x3f13199a, 0x3f14e666, 0x3f16b334, 0x3f188000, 0x3f1a4ccd, 0x3f1c199a,
+    0x3f1de666, 0x3f1fb334, 0x3f218000, 0x3f234ccd, 0x3f25199a, 0x3f26e666, 0x3f28b334, 0x3f2a8000,
+    0x3f2c4ccd, 0x3f2e199a, 0x3f2fe666, 0x3f31b334, 0x3f338000, 0x3f354ccd, 0x3f37199a, 0x3f38e666,
+    0x3f3ab334, 0x3f3c8000, 0x3f3e4ccd, 0x3f40199a, 0x3f41e666, 0x3f43b334, 0x3f458000, 0x3f474ccc,
+    0x3f49199a, 0x3f4ae666, 0x3f4cb334, 0x3f4e8000, 0x3f504ccc, 0x3f52199a, 0x3f53e666, 0x3f55b334,
+    0x3f578000, 0x3f594ccc, 0x3f5b199a, 0x3f5ce666, 0x3f5eb334, 0x3f608000, 0x3f624ccc, 0x3f64199a,
+    0x3f65e666, 0x3f67b334, 0x3f698000, 0x3f6b4ccc, 0x3f6d199a, 0x3f6ee666, 0x3f70b334, 0x3f728000,
+    0x3f744ccc, 0x3f76199a, 0x3f77e666, 0x3f79b334, 0x3f7b8000, 0x3f7d4ccc, 0x3f7f199a, 0x3f800000,
+};
+
+void bnb8_map_dynamic(float code[256], int is_signed) {
+    const uint32_t *bits = is_signed ? bnb8_dynamic_signed_bits : bnb8_dynamic_unsigned_bits;
+    for (int i = 0; i < 256; i++) code[i] = bnb8_bits_f32(bits[i]);
+}
+
+void bnb8_map_linear(float code[256], int is_signed) {
+    if (!is_signed) {
+        for (int i = 0; i < 256; i++) code[i] = (float)((double)i / 255.0);
+        return;
+    }
+    // 255 values -1 + 2k/254 (k = 127 is zero), with a second zero after index 127.
+    for (int i = 0; i < 256; i++) {
+        int k = i <= 127 ? i : i - 1;
+        code[i] = (float)(-1.0 + 2.0 * k / 254.0);
+    }
+}
+
+static int bnb8_compare_floats(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
+    if (!x || !code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_quantile: x or code is NULL");
+    if (n <= 0) return bnb8_fail(BNB8_ERR_SIZE, "bnb8_map_quantile: n = %lld", (long long)n);
+    float *sorted = (float *)malloc((size_t)n * sizeof(float));
+    if (!sorted) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_map_quantile: %lld floats", (long long)n);
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (bnb8_isfinite(x[i])) sorted[m++] = x[i];
+    qsort(sorted, (size_t)m, sizeof(float), bnb8_compare_floats);
+    // Quantile at probability p: linear interpolation between order statistics at p (m - 1).
+    const double offset = 1.0 / 512.0;
+    double quantile[255], biggest = 0.0;
+    for (int j = 0; j < 255 && m > 0; j++) {
+        double p = offset + j * (1.0 - 2.0 * offset) / 254.0, pos = p * (double)(m - 1);
+        int64_t lo = (int64_t)pos, hi = lo + 1 < m ? lo + 1 : lo;
+        double frac = pos - (double)lo;
+        quantile[j] = (1.0 - frac) * sorted[lo] + frac * sorted[hi];
+        biggest = fmax(biggest, fabs(quantile[j]));
+    }
+    if (biggest == 0.0) {
+        free(sorted);
+        return bnb8_fail(BNB8_ERR_ARG, "bnb8_map_quantile: no finite non-zero quantile in the sample");
+    }
+    // Normalized by the largest quantile magnitude, so the map spans [-1, 1] as bitsandbytes' does.
+    for (int j = 0; j < 255; j++) code[j] = (float)(quantile[j] / biggest);
+    free(sorted);
+    code[255] = 0.0f;
+    qsort(code, 256, sizeof(float), bnb8_compare_floats);
+    return BNB8_OK;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Block-wise quantization
+
+static int bnb8_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
+                                const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
+    if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
+    if (n > 0 && (!a || !b || !c || !d)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
+    int status = bnb8_check_blocksize(fn, blocksize);
+    return status ? status : bnb8_check_dtype(fn, dtype);
+}
+
+int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                               int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite) {
+    int status = bnb8_check_blockwise("bnb8_quantize_blockwise", x, code, q, absmax, n, blocksize, dtype);
+    if (status) return status;
+    if (n == 0) { if (nonfinite) *nonfinite = 0; return BNB8_OK; }
+    bnb8_codebook *cb = (bnb8_codebook *)malloc(sizeof *cb);
+    if (!cb) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_quantize_blockwise: codebook");
+    bnb8_codebook_init(cb, code);
+    int zero_code = bnb8_nearest_code(cb->t, 0.0f);
+    int64_t nblocks = (n + blocksize - 1) / blocksize, bad = 0;
+    #pragma omp parallel for schedule(static) reduction(+:bad)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t start = b * blocksize, end = start + blocksize < n ? start + blocksize : n;
+        float amax = 0.0f;
+        for (int64_t i = start; i < end; i++) {
+            float v = bnb8_load(x, dtype, i);
+            if (bnb8_isfinite(v)) amax = fmaxf(amax, fabsf(v));
+            else bad++;
+        }
+        absmax[b] = amax;
+        for (int64_t i = start; i < end; i++) {
+            float v = bnb8_load(x, dtype, i);
+            q[i] = (uint8_t)(amax > 0.0f && bnb8_isfinite(v) ? bnb8_nearest_code_fast(cb, v / amax) : zero_code);
+        }
+    }
+    free(cb);
+    if (nonfinite) *nonfinite = bad;
+    return BNB8_OK;
+}
+
+int bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                            int64_t blocksize, uint8_t *q, float *absmax) {
+    return bnb8_quantize_blockwise_ex(x, dtype, n, code, blocksize, q, absmax, NULL);
+}
+
+int bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                              int64_t blocksize, void *out, bnb8_dtype dtype) {
+    int status = bnb8_check_blockwise("bnb8_dequantize_blockwise", q, absmax, code, out, n, blocksize, dtype);
+    if (status) return status;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) bnb8_store(out, dtype, i, code[q[i]] * absmax[i / blocksize]);
+    return BNB8_OK;
+}
+
+int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
+                     float *absmax2, float *mean) {
+    if (nblocks < 0) return bnb8_fail(BNB8_ERR_SIZE, "bnb8_nest_absmax: nblocks = %lld < 0", (long long)nblocks);
+    if (!absmax || !q2 || !absmax2 || !mean) return bnb8_fail(BNB8_ERR_NULL, "bnb8_nest_absmax: NULL argument");
+    int status = bnb8_check_blocksize("bnb8_nest_absmax", blocksize);
+    if (status) return status;
+    double sum = 0.0;
+    for (int64_t i = 0; i < nblocks; i++) sum += absmax[i];
+    *mean = nblocks > 0 ? (float)(sum / (double)nblocks) : 0.0f;
+    float *centered = (float *)malloc((size_t)(nblocks > 0 ? nblocks : 1) * sizeof(float));
+    if (!centered) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_nest_absmax: %lld floats", (long long)nblocks);
+    for (int64_t i = 0; i < nblocks; i++) centered[i] = absmax[i] - *mean;
+    float code[256];
+    bnb8_map_dynamic(code, 1);
+    status = bnb8_quantize_blockwise(centered, BNB8_F32, nblocks, code, blocksize, q2, absmax2);
+    free(centered);
+    return status;
+}
+
+int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
+                       int64_t blocksize, float *absmax) {
+    float code[256];
+    bnb8_map_dynamic(code, 1);
+    int status = bnb8_dequantize_blockwise(q2, absmax2, nblocks, code, blocksize, absmax, BNB8_F32);
+    if (status) return status;
+    for (int64_t i = 0; i < nblocks; i++) absmax[i] += mean;
+    return BNB8_OK;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Optimizers
+
+#ifndef BNB8_NO_STB_DS_IMPLEMENTATION   // define it if your program already compiles stb_ds
+#define STB_DS_IMPLEMENTATION
+#endif
+#include <stb/stb_ds.h>
+
+typedef struct { char *key; bnb8_config value; } bnb8_override;
+
+typedef struct {
+    char *name;
+    void *param, *grad;
+    bnb8_dtype param_dtype, grad_dtype;
+    int64_t n;
+    int on_gpu;
+    bnb8_config cfg;            // the base configuration or this tensor's override
+    bnb8_state_format format;   // 8-bit only from cfg.min_8bit_size elements on
+    int nstates;
+    int64_t step;
+    void *state[3];             // (n) floats, or (n) codes, per state
+    float *absmax[3];           // (ceil(n / blocksize)) per 8-bit state
+    float *gnorm_history;       // (100) squared gradient norms, for percentile clipping
+    void *memory;               // the one allocation all of the above live in
+    size_t memory_bytes;
+} bnb8_tensor;
+
+struct bnb8_optimizer {
+    bnb8_optim kind;
+    bnb8_config cfg;
+    bnb8_override *overrides;   // stb_ds string map: name -> configuration
+    bnb8_tensor *tensors;       // stb_ds array
+    int64_t nonfinite;          // non-finite gradient elements since the last take
+    void *gpu_context;          // bnb8_cuda.cu's device scratch, made on the first GPU step
+    float code[2][256];         // [0] unsigned, [1] signed dynamic map
+    bnb8_codebook books[2];     // their thresholds and lookup tables
+};
+
+// The GPU path lives in bnb8_cuda.cu. Built with -DBNB8_CUDA, bnb8.c needs it; without, weak
+// references let a CPU-only program link alone (they are NULL then, and GPU tensors are refused)
+// and still use the GPU when bnb8_cuda.o is linked beside it.
+#ifndef BNB8_CUDA
+#pragma weak bnb8_cuda_is_device_pointer
+#pragma weak bnb8_cuda_alloc_zeroed
+#pragma weak bnb8_cuda_free
+#pragma weak bnb8_cuda_copy
+#pragma weak bnb8_cuda_step
+#pragma weak bnb8_cuda_take_nonfinite
+#pragma weak bnb8_cuda_context_free
+#define bnb8_cuda_linked() (bnb8_cuda_step != NULL)
+#else
+#define bnb8_cuda_linked() 1
+#endif
+
+bnb8_config bnb8_config_default(bnb8_optim kind) {
+    bnb8_config c = {0};
+    c.lr = 1e-3f; c.beta1 = 0.9f; c.beta2 = 0.999f; c.beta3 = 0.9999f; c.eps = 1e-8f;
+    c.alpha = 0.99f; c.percentile_clipping = 100; c.format = BNB8_STATE_8BIT;
+    c.blocksize = 256; c.min_8bit_size = 4096;
+    switch (kind) {
+    case BNB8_ADAMW: c.weight_decay = 1e-2f; break;
+    case BNB8_LAMB: c.max_unorm = 1.0f; break;
+    case BNB8_SGD: c.lr = 1e-2f; c.momentum = 0.9f; break;
+    case BNB8_LARS: c.lr = 1e-2f; c.momentum = 0.9f; c.max_unorm = 0.02f; break;
+    case BNB8_LION: c.lr = 1e-4f; c.beta2 = 0.99f; break;
+    case BNB8_RMSPROP: c.lr = 1e-2f; break;
+    case BNB8_ADAGRAD: c.lr = 1e-2f; c.eps = 1e-10f; break;
+    case BNB8_ADEMAMIX: c.weight_decay = 1e-2f; c.alpha = 5.0f; break;
+    default: break;
+    }
+    return c;
+}
+
+static int bnb8_check_config(const char *fn, const bnb8_config *c) {
+    const float in01[] = {c->beta1, c->beta2, c->beta3, c->momentum, c->dampening};
+    for (int i = 0; i < 5; i++)
+        if (!(in01[i] >= 0.0f && in01[i] <= 1.0f))
+            return bnb8_fail(BNB8_ERR_ARG, "%s: betas, momentum and dampening must be in [0, 1]", fn);
+    if (!bnb8_isfinite(c->lr) || !(c->eps >= 0.0f) || !bnb8_isfinite(c->weight_decay) ||
+        !bnb8_isfinite(c->alpha) || !(c->max_unorm >= 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: lr, eps, weight_decay, alpha or max_unorm out of range", fn);
+    if (c->percentile_clipping < 1 || c->percentile_clipping > 100)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: percentile_clipping %d not in 1..100", fn, c->percentile_clipping);
+    if (c->format != BNB8_STATE_32BIT && c->format != BNB8_STATE_8BIT)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: unknown state format %d", fn, (int)c->format);
+    if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3 and min_8bit_size must be >= 0", fn);
+    return bnb8_check_blocksize(fn, c->blocksize);
+}
+
+int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg) {
+    if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_create: opt is NULL");
+    *opt = NULL;
+    if ((int)kind < 0 || kind >= BNB8_NUM_OPTIMIZERS)
+        return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_create: unknown optimizer %d", (int)kind);
+    bnb8_config c = cfg ? *cfg : bnb8_config_default(kind);
+    int status = bnb8_check_config("bnb8_optimizer_create", &c);
+    if (status) return status;
+    bnb8_optimizer *o = (bnb8_optimizer *)calloc(1, sizeof *o);
+    if (!o) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_create");
+    o->kind = kind;
+    o->cfg = c;
+    sh_new_strdup(o->overrides);
+    for (int is_signed = 0; is_signed < 2; is_signed++) {
+        bnb8_map_dynamic(o->code[is_signed], is_signed);
+        bnb8_codebook_init(&o->books[is_signed], o->code[is_signed]);
+    }
+    *opt = o;
+    return BNB8_OK;
+}
+
+void bnb8_optimizer_free(bnb8_optimizer *opt) {
+    if (!opt) return;
+    for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++) {
+        free(opt->tensors[i].name);
+        if (opt->tensors[i].on_gpu) bnb8_cuda_free(opt->tensors[i].memory);
+        else free(opt->tensors[i].memory);
+    }
+    arrfree(opt->tensors);
+    shfree(opt->overrides);
+    if (opt->gpu_context) bnb8_cuda_context_free(opt->gpu_context);
+    free(opt);
+}
+
+int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
+    if (!opt || !name || !cfg) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_override: NULL argument");
+    int status = bnb8_check_config("bnb8_optimizer_override", cfg);
+    if (status) return status;
+    for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++)
+        if (strcmp(opt->tensors[i].name, name) == 0)
+            return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: '%s' is already added", name);
+    shput(opt->overrides, name, *cfg);
+    return BNB8_OK;
+}
+
+static int64_t bnb8_block_count(int64_t n, int64_t blocksize) { return (n + blocksize - 1) / blocksize; }
+
+// Bytes of one tensor's states: per state n floats, or n codes plus an absmax per block.
+static size_t bnb8_state_bytes(const bnb8_tensor *t) {
+    size_t per_state = t->format == BNB8_STATE_8BIT
+        ? (size_t)t->n + sizeof(float) * (size_t)bnb8_block_count(t->n, t->cfg.blocksize)
+        : sizeof(float) * (size_t)t->n;
+    size_t history = t->cfg.percentile_clipping < 100 ? 100 * sizeof(float) : 0;
+    return per_state * (size_t)t->nstates + history;
+}
+
+// Points a tensor's state arrays into its one allocation: absmax and history first (aligned), then
+// the states.
+static void bnb8_layout_states(bnb8_tensor *t) {
+    uint8_t *p = (uint8_t *)t->memory;
+    int64_t nblocks = bnb8_block_count(t->n, t->cfg.blocksize);
+    if (t->cfg.percentile_clipping < 100) { t->gnorm_history = (float *)p; p += 100 * sizeof(float); }
+    for (int k = 0; k < t->nstates; k++) {
+        if (t->format == BNB8_STATE_8BIT) { t->absmax[k] = (float *)p; p += sizeof(float) * (size_t)nblocks; }
+    }
+    for (int k = 0; k < t->nstates; k++) {
+        t->state[k] = p;
+        p += t->format == BNB8_STATE_8BIT ? (size_t)t->n : sizeof(float) * (size_t)t->n;
+    }
+}
+
+int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
+                       void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
+    const char *fn = "bnb8_optimizer_add";
+    if (!opt || !name || !param) return bnb8_fail(BNB8_ERR_NULL, "%s: opt, name or param is NULL", fn);
+    if (n <= 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s' has n = %lld", fn, name, (long long)n);
+    int status = bnb8_check_dtype(fn, param_dtype);
+    if (!status) status = bnb8_check_dtype(fn, grad_dtype);
+    if (status) return status;
+    for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++)
+        if (strcmp(opt->tensors[i].name, name) == 0)
+            return bnb8_fail(BNB8_ERR_ARG, "%s: a tensor named '%s' is already added", fn, name);
+    bnb8_tensor t = {0};
+    t.param = param; t.grad = grad; t.param_dtype = param_dtype; t.grad_dtype = grad_dtype; t.n = n;
+    t.on_gpu = bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(param);
+    if (grad && bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(grad) != t.on_gpu)
+        return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' has param and grad on different devices", fn, name);
+    ptrdiff_t o = shgeti(opt->overrides, name);
+    t.cfg = o >= 0 ? opt->overrides[o].value : opt->cfg;
+    t.format = t.cfg.format == BNB8_STATE_8BIT && n >= t.cfg.min_8bit_size ? BNB8_STATE_8BIT : BNB8_STATE_32BIT;
+    t.nstates = bnb8_state_count(opt->kind, t.cfg.momentum);
+    t.memory_bytes = bnb8_state_bytes(&t);
+    if (t.memory_bytes > 0) {
+        if (t.on_gpu) status = bnb8_cuda_alloc_zeroed(&t.memory, t.memory_bytes);
+        else if (!(t.memory = calloc(1, t.memory_bytes)))
+            status = bnb8_fail(BNB8_ERR_NOMEM, "%s: %zu bytes of state for '%s'", fn, t.memory_bytes, name);
+        if (status) return status;
+    }
+    bnb8_layout_states(&t);
+    // Zeroed memory is the all-zero state once the codes of signed 8-bit states say zero.
+    if (t.format == BNB8_STATE_8BIT) {
+        for (int k = 0; k < t.nstates; k++) {
+            int zero_code = bnb8_state_signed(opt->kind, k) ? 127 : 0;
+            if (!zero_code) continue;
+            if (t.on_gpu) {
+                uint8_t *codes = (uint8_t *)malloc((size_t)n);
+                if (!codes) { bnb8_cuda_free(t.memory); return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); }
+                memset(codes, zero_code, (size_t)n);
+                status = bnb8_cuda_copy(t.state[k], codes, (size_t)n, 1);
+                free(codes);
+                if (status) { bnb8_cuda_free(t.memory); return status; }
+            } else {
+                memset(t.state[k], zero_code, (size_t)n);
+            }
+        }
+    }
+    t.name = (char *)malloc(strlen(name) + 1);
+    if (!t.name) {
+        if (t.on_gpu) bnb8_cuda_free(t.memory); else free(t.memory);
+        return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
+    }
+    strcpy(t.name, name);
+    arrput(opt->tensors, t);
+    if (id) *id = (int)arrlen(opt->tensors) - 1;
+    return BNB8_OK;
+}
+
+int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad) {
+    if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_set_grad: opt is NULL");
+    if (id < 0 || id >= arrlen(opt->tensors))
+        return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_set_grad: no tensor %d", id);
+    opt->tensors[id].grad = grad;
+    return BNB8_OK;
+}
+
+int bnb8_optimizer_count(const bnb8_optimizer *opt) { return opt ? (int)arrlen(opt->tensors) : 0; }
+
+int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id) {
+    return opt && id >= 0 && id < arrlen(opt->tensors) ? opt->tensors[id].step : -1;
+}
+
+int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt) {
+    if (!opt) return 0;
+    int64_t count = opt->nonfinite, on_gpu = 0;
+    opt->nonfinite = 0;
+    if (opt->gpu_context && bnb8_cuda_take_nonfinite(opt->gpu_context, &on_gpu) == BNB8_OK) count += on_gpu;
+    return count;
+}
+
+bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
+    bnb8_memory m = {0};
+    for (ptrdiff_t i = 0; opt && i < arrlen(opt->tensors); i++) {
+        const bnb8_tensor *t = &opt->tensors[i];
+        m.params += t->n;
+        m.weights += (double)t->n * (double)bnb8_dtype_size(t->param_dtype);
+        if (with_grads) m.gradients += (double)t->n * (double)bnb8_dtype_size(t->grad_dtype);
+        m.states += (double)t->memory_bytes;
+    }
+    return m;
+}
+
+// The per-element constants of one step of tensor t (its step count already advanced), computed
+// in double: bias corrections, AdEMAMix's schedules, and the lr that follows the base schedule.
+static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *base, const bnb8_tensor *t,
+                                         float lr, float gnorm_scale) {
+    const bnb8_config *c = &t->cfg;
+    double lr_t = c == base || base->lr == 0.0f ? lr : (double)lr * c->lr / base->lr;
+    double step = (double)t->step, bc1 = 1.0 - pow(c->beta1, step), bc2 = 1.0 - pow(c->beta2, step);
+    bnb8_step_args a = {0};
+    a.kind = kind;
+    a.nstates = t->nstates;
+    a.first = t->step == 1;
+    a.nesterov = c->nesterov;
+    a.gnorm_scale = gnorm_scale;
+    a.beta1 = c->beta1; a.one_minus_beta1 = (float)(1.0 - c->beta1);
+    a.beta2 = c->beta2; a.one_minus_beta2 = (float)(1.0 - c->beta2);
+    a.beta3 = c->beta3; a.one_minus_beta3 = (float)(1.0 - c->beta3);
+    a.sqrt_bc2 = (float)sqrt(bc2);
+    a.inv_bc1 = (float)(1.0 / bc1);
+    a.eps = c->eps;
+    a.alpha = c->alpha;
+    a.momentum = c->momentum;
+    a.one_minus_dampening = (float)(1.0 - c->dampening);
+    a.max_unorm = c->max_unorm;
+    int decoupled = kind == BNB8_ADAMW || kind == BNB8_LION || kind == BNB8_LAMB || kind == BNB8_ADEMAMIX;
+    a.decay = decoupled ? (float)(1.0 - lr_t * c->weight_decay) : 1.0f;
+    a.l2 = decoupled ? 0.0f : c->weight_decay;
+    int adam = kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB;
+    a.step_size = (float)(adam ? lr_t / bc1 : lr_t);
+    if (kind == BNB8_RMSPROP) { a.beta2 = c->alpha; a.one_minus_beta2 = (float)(1.0 - c->alpha); }
+    if (kind == BNB8_ADEMAMIX) {
+        // alpha rises linearly over t_alpha steps; beta3 follows the paper's warm-up from beta1.
+        if (c->t_alpha > 0 && step < c->t_alpha) a.alpha = (float)(c->alpha * step / c->t_alpha);
+        if (c->t_beta3 > 0 && step < c->t_beta3) {
+            double f = step / c->t_beta3, lb1 = log(c->beta1), lb3 = log(c->beta3);
+            double b3 = exp(lb1 * lb3 / ((1.0 - f) * lb3 + f * lb1));
+            b3 = b3 < c->beta3 ? b3 : c->beta3;
+            a.beta3 = (float)b3; a.one_minus_beta3 = (float)(1.0 - b3);
+        }
+    }
+    return a;
+}
+
+// The states of element i, read from either format.
+static void bnb8_load_states(const bnb8_optimizer *opt, const bnb8_tensor *t, int64_t i, float s[3]) {
+    for (int k = 0; k < t->nstates; k++) {
+        if (t->format == BNB8_STATE_32BIT) s[k] = ((const float *)t->state[k])[i];
+        else s[k] = opt->code[bnb8_state_signed(opt->kind, k)][((const uint8_t *)t->state[k])[i]] *
+                    t->absmax[k][i / t->cfg.blocksize];
+    }
+}
+
+// LAMB / LARS: squared norms of the parameter and of the update this step would make (the states
+// are read, not written), summed in double.
+static float bnb8_trust_cpu(const bnb8_optimizer *opt, const bnb8_tensor *t, const bnb8_step_args *a) {
+    double p2 = 0.0, u2 = 0.0;
+    #pragma omp parallel for schedule(static) reduction(+:p2, u2)
+    for (int64_t i = 0; i < t->n; i++) {
+        float p = bnb8_load(t->param, t->param_dtype, i), g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+        p2 += (double)p * p;
+        if (!bnb8_isfinite(g)) continue;
+        bnb8_load_states(opt, t, i, s);
+        float u = bnb8_direction(a, p, g, s);
+        u2 += (double)u * u;
+    }
+    return bnb8_trust_ratio(a->max_unorm, (float)p2, (float)u2);
+}
+
+// One step of one CPU tensor. 32-bit states are updated in place; 8-bit states block by block:
+// dequantize with the old absmax, update, new absmax from the fresh states, requantize.
+static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
+    t->step++;
+    if (t->cfg.percentile_clipping < 100) {
+        double g2 = 0.0;
+        #pragma omp parallel for schedule(static) reduction(+:g2)
+        for (int64_t i = 0; i < t->n; i++) {
+            float g = bnb8_load(t->grad, t->grad_dtype, i);
+            if (bnb8_isfinite(g)) g2 += (double)g * g;
+        }
+        gnorm_scale *= bnb8_percentile_scale(t->gnorm_history, t->step, (float)g2, t->cfg.percentile_clipping);
+    }
+    bnb8_step_args a = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
+    float trust = (opt->kind == BNB8_LAMB || opt->kind == BNB8_LARS) ? bnb8_trust_cpu(opt, t, &a) : 1.0f;
+    int64_t blocksize = t->format == BNB8_STATE_8BIT ? t->cfg.blocksize : 4096;
+    int64_t nblocks = bnb8_block_count(t->n, blocksize), bad = 0;
+    #pragma omp parallel for schedule(static) reduction(+:bad)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t start = b * blocksize, end = start + blocksize < t->n ? start + blocksize : t->n;
+        float fresh[3][4096], amax[3] = {0.0f, 0.0f, 0.0f};
+        for (int64_t i = start; i < end; i++) {
+            float p = bnb8_load(t->param, t->param_dtype, i), g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+            bnb8_load_states(opt, t, i, s);
+            if (bnb8_isfinite(g)) {
+                float u = bnb8_direction(&a, p, g, s);
+                bnb8_store(t->param, t->param_dtype, i, bnb8_apply(&a, p, u, trust));
+            } else {
+                bad++;               // the element keeps its parameter and its states
+            }
+            for (int k = 0; k < t->nstates; k++) {
+                if (t->format == BNB8_STATE_32BIT) { ((float *)t->state[k])[i] = s[k]; continue; }
+                fresh[k][i - start] = s[k];
+                amax[k] = fmaxf(amax[k], fabsf(s[k]));
+            }
+        }
+        if (t->format == BNB8_STATE_32BIT) continue;
+        for (int k = 0; k < t->nstates; k++) {
+            int is_signed = bnb8_state_signed(opt->kind, k), zero_code = is_signed ? 127 : 0;
+            uint8_t *codes = (uint8_t *)t->state[k];
+            t->absmax[k][b] = amax[k];
+            for (int64_t i = start; i < end; i++)
+                codes[i] = (uint8_t)(amax[k] > 0.0f
+                    ? bnb8_quantize_value(&opt->books[is_signed], zero_code, fresh[k][i - start], amax[k])
+                    : zero_code);
+        }
+    }
+    opt->nonfinite += bad;
+}
+
+// The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch.
+static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float lr, float gnorm_scale,
+                         struct CUstream_st *stream) {
+    bnb8_gpu_tensor *d = (bnb8_gpu_tensor *)calloc((size_t)count, sizeof *d);
+    if (!d) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step: %d tensor descriptors", count);
+    int m = 0;
+    for (int i = 0; i < count; i++) {
+        bnb8_tensor *t = &opt->tensors[ids[i]];
+        if (!t->on_gpu) continue;
+        t->step++;
+        bnb8_gpu_tensor *g = &d[m++];
+        g->param = t->param;
+        g->grad = t->grad;
+        for (int k = 0; k < 3; k++) { g->state[k] = t->state[k]; g->absmax[k] = t->absmax[k]; }
+        g->history = t->gnorm_history;
+        g->n = t->n;
+        g->step = t->step;
+        g->param_dtype = t->param_dtype;
+        g->grad_dtype = t->grad_dtype;
+        g->eight_bit = t->format == BNB8_STATE_8BIT;
+        g->blocksize = (int32_t)t->cfg.blocksize;
+        g->percentile = t->cfg.percentile_clipping;
+        g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
+    }
+    int status = bnb8_cuda_step(&opt->gpu_context, d, m, opt->code[0], opt->code[1], stream);
+    free(d);
+    return status;
+}
+
+int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
+                                float gnorm_scale, struct CUstream_st *stream) {
+    const char *fn = "bnb8_optimizer_step";
+    if (!opt || (count > 0 && !ids)) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or ids is NULL", fn);
+    if (!bnb8_isfinite(lr) || !bnb8_isfinite(gnorm_scale))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g, gnorm_scale %g", fn, (double)lr, (double)gnorm_scale);
+    int gpu_tensors = 0;
+    for (int i = 0; i < count; i++) {
+        if (ids[i] < 0 || ids[i] >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, ids[i]);
+        if (!opt->tensors[ids[i]].grad)
+            return bnb8_fail(BNB8_ERR_NULL, "%s: '%s' has no gradient", fn, opt->tensors[ids[i]].name);
+        gpu_tensors += opt->tensors[ids[i]].on_gpu;
+    }
+    for (int i = 0; i < count; i++)
+        if (!opt->tensors[ids[i]].on_gpu) bnb8_step_tensor_cpu(opt, &opt->tensors[ids[i]], lr, gnorm_scale);
+    return gpu_tensors ? bnb8_step_gpu(opt, ids, count, lr, gnorm_scale, stream) : BNB8_OK;
+}
+
+int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream) {
+    if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_step: opt is NULL");
+    int count = (int)arrlen(opt->tensors);
+    int *ids = (int *)malloc(sizeof(int) * (size_t)(count > 0 ? count : 1));
+    if (!ids) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step");
+    for (int i = 0; i < count; i++) ids[i] = i;
+    int status = bnb8_optimizer_step_tensors(opt, ids, count, lr, gnorm_scale, stream);
+    free(ids);
+    return status;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Optimizer state files. Little-endian:
+//   header: "BNB8OPT\0", u32 version, u32 optimizer kind, u32 tensor count, u32 CRC-32 of the above
+//   per tensor: u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
+//               u64 bytes, then the tensor's state memory as it lies (gradient-norm history,
+//               absmax per state, then the states), u32 CRC-32 of the record
+
+#define BNB8_STATE_MAGIC "BNB8OPT"
+#define BNB8_STATE_VERSION 1u
+
+static uint32_t bnb8_crc32(uint32_t crc, const void *data, size_t len) {
+    static uint32_t table[256];
+    if (!table[1]) {            // built once; idempotent, so a race only writes the same values
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? 0xedb88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+    }
+    const uint8_t *p = (const uint8_t *)data;
+    crc = ~crc;
+    for (size_t i = 0; i < len; i++) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static int bnb8_little_endian(void) { uint16_t one = 1; uint8_t first; memcpy(&first, &one, 1); return first == 1; }
+
+// fwrite / fread that also fold the bytes into a running CRC.
+static int bnb8_write(FILE *f, const void *p, size_t len, uint32_t *crc) {
+    *crc = bnb8_crc32(*crc, p, len);
+    return fwrite(p, 1, len, f) == len;
+}
+static int bnb8_read(FILE *f, void *p, size_t len, uint32_t *crc) {
+    if (fread(p, 1, len, f) != len) return 0;
+    *crc = bnb8_crc32(*crc, p, len);
+    return 1;
+}
+
+// A tensor's state memory in host memory: itself on the CPU, a copy for GPU tensors.
+static int bnb8_state_to_host(const bnb8_tensor *t, void **host) {
+    if (!t->on_gpu) { *host = t->memory; return BNB8_OK; }
+    if (!(*host = malloc(t->memory_bytes))) return bnb8_fail(BNB8_ERR_NOMEM, "state copy of '%s'", t->name);
+    int status = bnb8_cuda_copy(*host, t->memory, t->memory_bytes, 0);
+    if (status) free(*host);
+    return status;
+}
+
+int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
+    const char *fn = "bnb8_optimizer_save";
+    if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
+    size_t len = strlen(path);
+    char *tmp = (char *)malloc(len + 5);
+    if (!tmp) return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) { int s = bnb8_fail(BNB8_ERR_IO, "%s: cannot create %s", fn, tmp); free(tmp); return s; }
+    int ok = 1, status = BNB8_OK;
+    uint32_t crc = 0, header[3] = {BNB8_STATE_VERSION, (uint32_t)opt->kind, (uint32_t)arrlen(opt->tensors)};
+    ok &= bnb8_write(f, BNB8_STATE_MAGIC, 8, &crc);
+    ok &= bnb8_write(f, header, sizeof header, &crc);
+    uint32_t header_crc = crc;
+    ok &= bnb8_write(f, &header_crc, 4, &crc);
+    for (ptrdiff_t i = 0; ok && !status && i < arrlen(opt->tensors); i++) {
+        const bnb8_tensor *t = &opt->tensors[i];
+        uint32_t name_len = (uint32_t)strlen(t->name), format = (uint32_t)t->format, nstates = (uint32_t)t->nstates;
+        uint64_t bytes = t->memory_bytes;
+        void *host = NULL;
+        if ((status = bnb8_state_to_host(t, &host))) break;
+        crc = 0;
+        ok &= bnb8_write(f, &name_len, 4, &crc);
+        ok &= bnb8_write(f, t->name, name_len, &crc);
+        ok &= bnb8_write(f, &t->n, 8, &crc);
+        ok &= bnb8_write(f, &format, 4, &crc);
+        ok &= bnb8_write(f, &nstates, 4, &crc);
+        ok &= bnb8_write(f, &t->cfg.blocksize, 8, &crc);
+        ok &= bnb8_write(f, &t->step, 8, &crc);
+        ok &= bnb8_write(f, &bytes, 8, &crc);
+        ok &= bnb8_write(f, host, t->memory_bytes, &crc);
+        uint32_t record_crc = crc;
+        ok &= bnb8_write(f, &record_crc, 4, &crc);
+        if (host != t->memory) free(host);
+    }
+    ok &= fflush(f) == 0;
+    ok &= fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!status && !ok) status = bnb8_fail(BNB8_ERR_IO, "%s: writing %s failed (disk full?)", fn, tmp);
+    if (!status && rename(tmp, path) != 0) status = bnb8_fail(BNB8_ERR_IO, "%s: cannot rename %s to %s", fn, tmp, path);
+    if (status) remove(tmp);
+    free(tmp);
+    return status;
+}
+
+int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
+    const char *fn = "bnb8_optimizer_load";
+    if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
+    FILE *f = fopen(path, "rb");
+    if (!f) return bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path);
+    ptrdiff_t count = arrlen(opt->tensors);
+    void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
+    int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
+    int status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
+    char magic[8], name[4097];
+    uint32_t crc = 0, header[3], stored_crc;
+    if (!status && (!bnb8_read(f, magic, 8, &crc) || memcmp(magic, BNB8_STATE_MAGIC, 8) != 0))
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is not a bnb8 optimizer state file (bad magic)", fn, path);
+    if (!status && !bnb8_read(f, header, sizeof header, &crc))
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is truncated in its header", fn, path);
+    uint32_t header_crc = crc;
+    if (!status && (!bnb8_read(f, &stored_crc, 4, &crc) || stored_crc != header_crc))
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: header CRC mismatch", fn, path);
+    if (!status && header[0] != BNB8_STATE_VERSION)
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has version %u, expected %u", fn, path, header[0], BNB8_STATE_VERSION);
+    if (!status && header[1] != (uint32_t)opt->kind)
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds optimizer kind %u, this optimizer is %d", fn, path, header[1], (int)opt->kind);
+    if (!status && header[2] != (uint32_t)count)
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds %u tensors, %lld are registered", fn, path, header[2], (long long)count);
+    for (ptrdiff_t i = 0; !status && i < count; i++) {
+        const bnb8_tensor *t = &opt->tensors[i];
+        uint32_t name_len = 0, format, nstates;
+        int64_t n, blocksize;
+        uint64_t bytes;
+        crc = 0;
+        int ok = bnb8_read(f, &name_len, 4, &crc) && name_len <= 4096 && bnb8_read(f, name, name_len, &crc);
+        if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: tensor %lld: truncated or bad name", fn, path, (long long)i); break; }
+        name[name_len] = 0;
+        if (strcmp(name, t->name) != 0) {
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: tensor %lld is '%s', expected '%s'", fn, path, (long long)i, name, t->name);
+            break;
+        }
+        ok = bnb8_read(f, &n, 8, &crc) && bnb8_read(f, &format, 4, &crc) && bnb8_read(f, &nstates, 4, &crc) &&
+             bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
+        if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
+        if (n != t->n || format != (uint32_t)t->format || nstates != (uint32_t)t->nstates ||
+            (format == BNB8_STATE_8BIT && blocksize != t->cfg.blocksize) || bytes != t->memory_bytes || steps[i] < 0) {
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has n %lld, format %u, %u states, block %lld, %llu bytes; "
+                               "registered: n %lld, format %d, %d states, block %lld, %zu bytes", fn, path, name,
+                               (long long)n, format, nstates, (long long)blocksize, (unsigned long long)bytes,
+                               (long long)t->n, (int)t->format, t->nstates, (long long)t->cfg.blocksize, t->memory_bytes);
+            break;
+        }
+        if (bytes && !(staged[i] = malloc(bytes))) { status = bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); break; }
+        uint32_t record_crc = 0;
+        if (!bnb8_read(f, staged[i], bytes, &crc) || (record_crc = crc, !bnb8_read(f, &stored_crc, 4, &crc))) {
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name);
+            break;
+        }
+        if (stored_crc != record_crc) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s': CRC mismatch", fn, path, name);
+    }
+    if (!status && fgetc(f) != EOF) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has bytes after its last tensor", fn, path);
+    fclose(f);
+    // Every record is valid: only now change the optimizer.
+    for (ptrdiff_t i = 0; !status && i < count; i++) {
+        bnb8_tensor *t = &opt->tensors[i];
+        if (t->on_gpu) status = bnb8_cuda_copy(t->memory, staged[i], t->memory_bytes, 1);
+        else if (t->memory_bytes) memcpy(t->memory, staged[i], t->memory_bytes);
+        t->step = steps[i];
+    }
+    for (ptrdiff_t i = 0; staged && i < count; i++) free(staged[i]);
+    free(staged);
+    free(steps);
+    return status;
+}

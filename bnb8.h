@@ -1,0 +1,451 @@
+/*
+bnb8 — 8-bit optimizers (block-wise dynamic quantization) and FlashOptim memory techniques,
+in plain C with OpenMP (bnb8.c) and CUDA (bnb8_cuda.cu).
+
+This header is the whole public API and the per-element math that the CPU and the GPU share:
+every element-wise operation is written once below, as a BNB8_HD function that nvcc compiles for
+the device and a C compiler for the host, so that both back ends give bit-identical results
+(build with -ffp-contract=off on the CPU and -fmad=false on the GPU).
+
+Every call that can fail returns a status (0 = ok); bnb8_strerror(status) says what it means and
+bnb8_last_error() names the argument or file that caused it. The library never prints or exits.
+*/
+#ifndef BNB8_H
+#define BNB8_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include <math.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ------------------------------------------------------------------------------------------------
+// Public API
+
+typedef enum { BNB8_F32 = 0, BNB8_F16 = 1, BNB8_BF16 = 2 } bnb8_dtype;
+struct CUstream_st;              // cudaStream_t, for the calls that run on the GPU
+
+enum {
+    BNB8_OK = 0,
+    BNB8_ERR_NULL,        // a required pointer is NULL
+    BNB8_ERR_SIZE,        // a size is negative or out of range
+    BNB8_ERR_BLOCKSIZE,   // block size is not a power of two in 64..4096
+    BNB8_ERR_DTYPE,       // unknown or unsupported dtype
+    BNB8_ERR_ARG,         // another argument is out of range
+    BNB8_ERR_NOMEM,       // an allocation failed
+    BNB8_ERR_IO,          // a file could not be opened, read or written
+    BNB8_ERR_FORMAT,      // a file is malformed, truncated or does not match
+    BNB8_ERR_CUDA,        // a CUDA call failed
+    BNB8_ERR_DEVICE,      // a pointer is on the wrong device for this call
+    BNB8_NUM_ERRORS
+};
+
+// The meaning of a status code, e.g. "block size is not a power of two in 64..4096".
+const char *bnb8_strerror(int status);
+// The detailed message of the last failed call on this thread (names the argument or file).
+const char *bnb8_last_error(void);
+
+// Bytes of one element of dtype (4 or 2), 0 for an unknown dtype.
+size_t bnb8_dtype_size(bnb8_dtype dtype);
+
+// Quantization maps: 256 float32 values sorted ascending in [-1, 1]; the index is the stored byte.
+// Dynamic (tree) map, bit-identical to bitsandbytes' create_dynamic_map (signed or unsigned).
+void bnb8_map_dynamic(float code[256], int is_signed);
+// Linear map: signed = 255 evenly spaced values over [-1, 1] with the zero doubled (bitsandbytes'
+// layout), unsigned = 256 evenly spaced values over [0, 1].
+void bnb8_map_linear(float code[256], int is_signed);
+// Quantile map of a sample: its 255 quantiles at offset + j(1 - 2 offset)/254 (offset 1/512) plus
+// 0, divided by the largest quantile magnitude (the map spans [-1, 1]). Non-finite samples are
+// ignored; needs one non-zero quantile.
+int bnb8_map_quantile(const float *x, int64_t n, float code[256]);
+
+// Block-wise quantization: absmax[b] = max |x| over block b (ceil(n/blocksize) blocks, the last
+// may be partial), q[i] = nearest code of x[i] / absmax[b]. blocksize: a power of two, 64..4096.
+int bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                            int64_t blocksize, uint8_t *q, float *absmax);   /* 0 = ok */
+// out[i] = code[q[i]] * absmax[b], computed in float32 and rounded to dtype.
+int bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                              int64_t blocksize, void *out, bnb8_dtype dtype);
+// As bnb8_quantize_blockwise; NaN and Inf are left out of absmax and given the zero code, and
+// their number is stored in *nonfinite (may be NULL).
+int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                               int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite);
+
+// Nested ("double") quantization of an absmax vector: subtract its mean, quantize it block-wise
+// with the signed dynamic map; q2 has nblocks bytes, absmax2 ceil(nblocks/blocksize) floats.
+int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
+                     float *absmax2, float *mean);
+// Inverse of bnb8_nest_absmax: absmax[i] = code[q2[i]] * absmax2[b] + mean.
+int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
+                       int64_t blocksize, float *absmax);
+
+// ------------------------------------------------------------------------------------------------
+// Optimizers (SPEC §5). Update rules, with g' = g * gnorm_scale and t the tensor's step (1-based):
+//   AdamW  p = p(1 - lr wd); m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; p -= lr/bc1 m/(sqrt(v)/sqrt(bc2) + eps)
+//   Adam   as AdamW with L2 (g' += wd p) instead of decoupled decay
+//   SGD    g' += wd p; buf = g' at t = 1 else mu buf + (1-dampening) g'; p -= lr (nesterov ? g' + mu buf : buf)
+//   Lion   p = p(1 - lr wd); p -= lr sign(b1 m + (1-b1) g'); m = b2 m + (1-b2) g'
+//   RMSprop g' += wd p; s = alpha s + (1-alpha) g'^2; p -= lr g'/(sqrt(s) + eps)
+//   Adagrad g' += wd p; s += g'^2; p -= lr g'/(sqrt(s) + eps)
+//   LAMB / LARS: AdamW / SGD whose update u is scaled by max_unorm |p| / |u| when |u| > max_unorm |p|
+//   AdEMAMix p = p(1 - lr wd); p -= lr (m1/bc1 + alpha m2)/(sqrt(v)/sqrt(bc2) + eps), m2 the slow EMA (beta3)
+
+typedef enum {
+    BNB8_ADAMW = 0, BNB8_ADAM, BNB8_SGD, BNB8_LION, BNB8_RMSPROP, BNB8_ADAGRAD, BNB8_LAMB, BNB8_LARS,
+    BNB8_ADEMAMIX, BNB8_NUM_OPTIMIZERS
+} bnb8_optim;
+
+typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1 } bnb8_state_format;
+
+typedef struct {
+    float lr;                    // base learning rate; each step passes the scheduled one
+    float beta1, beta2, beta3;   // moment decays (beta3: AdEMAMix's slow EMA)
+    float eps, weight_decay;
+    float momentum, dampening;   // SGD, LARS
+    int nesterov;
+    float alpha;                 // RMSprop smoothing; AdEMAMix weight of the slow EMA
+    int64_t t_alpha, t_beta3;    // AdEMAMix warm-up steps for alpha and beta3 (0 = none)
+    float max_unorm;             // LAMB / LARS trust bound (0 = off)
+    int percentile_clipping;     // 1..99: clip g at that percentile of the last 100 norms; 100 = off
+    bnb8_state_format format;    // 32-bit or 8-bit block-wise states
+    int64_t blocksize;           // 8-bit block size: a power of two, 64..4096 (default 256)
+    int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
+} bnb8_config;
+
+typedef struct bnb8_optimizer bnb8_optimizer;
+
+// The defaults of an optimizer kind (PyTorch's and bitsandbytes' defaults; 8-bit, block 256).
+bnb8_config bnb8_config_default(bnb8_optim kind);
+// Creates an optimizer of kind with configuration cfg (NULL = defaults) into *opt.
+int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg);
+// Frees the optimizer and the states it owns (not the tensors).
+void bnb8_optimizer_free(bnb8_optimizer *opt);
+// Gives the tensor called name its own configuration (any field; an override's lr is scaled by
+// the same schedule as the base lr). Call before bnb8_optimizer_add of that name.
+int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
+// Registers a tensor of n elements: the optimizer allocates and owns its states, on the device
+// that holds param (CPU or GPU). grad may be NULL until set. *id (may be NULL) receives its index.
+int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
+                       void *grad, bnb8_dtype grad_dtype, int64_t n, int *id);
+// Points tensor id at a new gradient buffer (for gradient release: buffers are reused).
+int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
+// One step of every tensor, at learning rate lr with global gradient scale gnorm_scale (1 = none).
+// stream: the CUDA stream for GPU tensors (NULL = default); ignored on the CPU.
+int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
+// One step of the count tensors in ids only; each tensor keeps its own step count.
+int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
+                                float gnorm_scale, struct CUstream_st *stream);
+// Non-finite gradient elements met (and left unchanged) since the last call; resets the count.
+int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
+// Number of tensors, and the step count of tensor id.
+int bnb8_optimizer_count(const bnb8_optimizer *opt);
+int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id);
+
+// Persistent memory of the registered tensors, in bytes (the trainer's report is computed from it).
+typedef struct {
+    int64_t params;              // number of parameters
+    double weights;              // the parameters themselves
+    double gradients;            // the gradient buffers (0 when with_grads is 0: gradient release)
+    double states;               // optimizer states with their absmax / scales
+} bnb8_memory;
+bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
+
+// Writes every tensor's states to path atomically (path.tmp, flushed, then renamed).
+int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
+// Reads states written by bnb8_optimizer_save; the file must match the registered tensors (names,
+// sizes, formats). On any error nothing is changed and the message names the problem.
+int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
+
+// GPU twins (bnb8_cuda.cu): the same arguments, pointers in device memory, plus the stream to run
+// on (a cudaStream_t; NULL is the default stream). They return without synchronizing.
+int bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                 int64_t blocksize, uint8_t *q, float *absmax,
+                                 struct CUstream_st *stream);
+int bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n,
+                                   const float *code, int64_t blocksize, void *out,
+                                   bnb8_dtype dtype, struct CUstream_st *stream);
+// As bnb8_quantize_blockwise_ex; nonfinite (device memory, may be NULL) receives the count.
+int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                    int64_t blocksize, uint8_t *q, float *absmax,
+                                    int64_t *nonfinite, struct CUstream_st *stream);
+
+// ------------------------------------------------------------------------------------------------
+// Per-element math shared by bnb8.c and bnb8_cuda.cu. Not part of the stable API, but usable.
+
+// Records the detailed message of a failure for bnb8_last_error() and returns status.
+int bnb8_fail(int status, const char *fmt, ...);
+
+#ifdef __CUDACC__
+#define BNB8_HD static inline __host__ __device__
+#else
+#define BNB8_HD static inline
+#endif
+
+BNB8_HD uint32_t bnb8_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+BNB8_HD float bnb8_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+// float -> bf16, round to nearest even; NaN stays NaN (sign kept, quiet bit set).
+BNB8_HD uint16_t bnb8_f32_to_bf16(float x) {
+    uint32_t u = bnb8_f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   // the carry rounds up into inf
+}
+BNB8_HD float bnb8_bf16_to_f32(uint16_t h) { return bnb8_bits_f32((uint32_t)h << 16); }
+
+// float -> IEEE half, round to nearest even, with subnormals, overflow to inf, and NaN kept quiet.
+BNB8_HD uint16_t bnb8_f32_to_f16(float x) {
+    uint32_t u = bnb8_f32_bits(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
+    if (u >= 0x47800000u) return (uint16_t)(sign | 0x7c00u);          // >= 65536 (and inf)
+    if (u >= 0x38800000u) {                                           // normal half: rebias 127 -> 15
+        uint32_t r = u - 0x38000000u;
+        return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));  // may carry into inf
+    }
+    uint32_t e = u >> 23;                                             // subnormal half, units of 2^-24
+    if (e < 102) return sign;                                         // below 2^-25: rounds to zero
+    uint32_t m = (u & 0x7fffffu) | 0x800000u, shift = 126 - e;        // shift in 14..24
+    uint32_t k = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (k & 1u))) k++;
+    return (uint16_t)(sign | k);
+}
+BNB8_HD float bnb8_f16_to_f32(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {                                                     // zero or subnormal: m * 2^-24
+        float v = ldexpf((float)m, -24);
+        return bnb8_bits_f32(bnb8_f32_bits(v) | sign);
+    }
+    if (e == 31) return bnb8_bits_f32(sign | 0x7f800000u | (m << 13));
+    return bnb8_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// Element i of an array of dtype, as float; and the store with round to nearest even.
+BNB8_HD float bnb8_load(const void *x, bnb8_dtype dtype, int64_t i) {
+    if (dtype == BNB8_F32) return ((const float *)x)[i];
+    if (dtype == BNB8_BF16) return bnb8_bf16_to_f32(((const uint16_t *)x)[i]);
+    return bnb8_f16_to_f32(((const uint16_t *)x)[i]);
+}
+BNB8_HD void bnb8_store(void *x, bnb8_dtype dtype, int64_t i, float v) {
+    if (dtype == BNB8_F32) ((float *)x)[i] = v;
+    else if (dtype == BNB8_BF16) ((uint16_t *)x)[i] = bnb8_f32_to_bf16(v);
+    else ((uint16_t *)x)[i] = bnb8_f32_to_f16(v);
+}
+
+BNB8_HD int bnb8_isfinite(float x) { return (bnb8_f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+
+// The 255 decision thresholds of a map, t[k] = (code[k] + code[k+1]) * 0.5f, padded with +inf at
+// t[255] so that a branch-free binary search over 256 slots works.
+BNB8_HD float bnb8_threshold(const float code[256], int k) {
+    return k < 255 ? (code[k] + code[k + 1]) * 0.5f : bnb8_bits_f32(0x7f800000u);
+}
+BNB8_HD void bnb8_thresholds(const float code[256], float t[256]) {
+    for (int k = 0; k < 256; k++) t[k] = bnb8_threshold(code, k);
+}
+
+// Number of thresholds t[0..254] strictly below v (or at most v): a branch-free binary search.
+BNB8_HD int bnb8_count_below(const float t[256], float v) {
+    int i = 0;
+    for (int step = 128; step > 0; step >>= 1)
+        if (t[i + step - 1] < v) i += step;
+    return i;
+}
+BNB8_HD int bnb8_count_at_most(const float t[256], float v) {
+    int i = 0;
+    for (int step = 128; step > 0; step >>= 1)
+        if (i + step - 1 < 255 && t[i + step - 1] <= v) i += step;
+    return i;
+}
+
+// Nearest code of x (SPEC §3): the number of thresholds strictly below x, and a value exactly on a
+// threshold goes to the even index of its pair. The reference form, 8 comparisons.
+BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
+    int i = bnb8_count_below(t, x);
+    if (i < 255 && t[i] == x && (i & 1)) i++;
+    return i;
+}
+
+// The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x
+// gives the number of thresholds below the bucket x falls in; a short scan finishes the count (for
+// the dynamic maps each bucket holds at most one threshold, so the scan is one comparison).
+#define BNB8_LOOKUP_BITS 7
+#define BNB8_LOOKUP_E0 103                                       // exponents below share bucket 0
+#define BNB8_LOOKUP_HALF (((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS) + 1)  // buckets per sign
+#define BNB8_LOOKUP_SIZE (2 * BNB8_LOOKUP_HALF)
+
+typedef struct {
+    float t[256];                          // thresholds, t[255] = +inf
+    uint8_t first[BNB8_LOOKUP_SIZE];       // per bucket: thresholds below every x in it
+} bnb8_codebook;
+
+BNB8_HD int bnb8_bucket(float x) {
+    uint32_t u = bnb8_f32_bits(x), mag = u & 0x7fffffffu, e = mag >> 23;
+    int k = e < BNB8_LOOKUP_E0 ? 0
+          : e >= 127 ? BNB8_LOOKUP_HALF - 1
+          : (int)(((e - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS) | ((mag >> (23 - BNB8_LOOKUP_BITS)) & ((1u << BNB8_LOOKUP_BITS) - 1)));
+    return (u >> 31) ? BNB8_LOOKUP_HALF + k : k;
+}
+
+// Entry b of the table. Bucket k of the positive side holds [A, B), of the negative side (-B, -A].
+BNB8_HD uint8_t bnb8_codebook_entry(const float t[256], int b) {
+    int negative = b >= BNB8_LOOKUP_HALF, k = negative ? b - BNB8_LOOKUP_HALF : b;
+    uint32_t start = ((uint32_t)(BNB8_LOOKUP_E0 + (k >> BNB8_LOOKUP_BITS)) << 23) |
+                     ((uint32_t)(k & ((1 << BNB8_LOOKUP_BITS) - 1)) << (23 - BNB8_LOOKUP_BITS));
+    float a = k == 0 ? 0.0f : bnb8_bits_f32(start);
+    float b_end = k == BNB8_LOOKUP_HALF - 1 ? bnb8_bits_f32(0x7f800000u) : bnb8_bits_f32(start + (1u << (23 - BNB8_LOOKUP_BITS)));
+    return (uint8_t)(negative ? bnb8_count_at_most(t, -b_end) : bnb8_count_below(t, a));
+}
+
+BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {
+    bnb8_thresholds(code, cb->t);
+    for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) cb->first[b] = bnb8_codebook_entry(cb->t, b);
+}
+
+BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
+    int i = cb->first[bnb8_bucket(x)];
+    while (i < 255 && cb->t[i] < x) i++;
+    if (i < 255 && cb->t[i] == x && (i & 1)) i++;
+    return i;
+}
+
+// Code of a state value s in a block of absmax a (a > 0). For signed maps (zero code z > 0) a
+// negative value never collapses to zero: it takes the code below z, so its sign survives.
+BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s, float a) {
+    int q = bnb8_nearest_code_fast(cb, s / a);
+    if (q == zero_code && zero_code > 0 && s < 0.0f) q = zero_code - 1;
+    return q;
+}
+
+// ------------------------------------------------------------------------------------------------
+// One optimizer step, per element. The host computes everything that is transcendental or in
+// double (bias corrections, schedules) once per tensor and step into bnb8_step_args; the kernels
+// and the CPU loops call bnb8_direction and bnb8_apply with them.
+
+typedef struct {
+    int kind;                    // bnb8_optim
+    int nstates;                 // states per element: 0..3
+    int first;                   // t == 1 (SGD's buffer starts at g')
+    int nesterov;
+    float gnorm_scale;           // g' = g * gnorm_scale
+    float l2;                    // g' += l2 * p (Adam, SGD, RMSprop, Adagrad, LARS)
+    float decay;                 // p *= decay = 1 - lr wd (AdamW, Lion, LAMB, AdEMAMix)
+    float step_size;             // lr / bc1 for the Adam family, lr otherwise
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, beta3, one_minus_beta3;
+    float sqrt_bc2;              // sqrt(1 - beta2^t)
+    float inv_bc1;               // 1 / bc1 (AdEMAMix's m1 only)
+    float eps, alpha, momentum, one_minus_dampening;
+    float max_unorm;             // LAMB / LARS (0 = off)
+} bnb8_step_args;
+
+// Which states an optimizer keeps, and whether each is signed (else non-negative: unsigned map).
+BNB8_HD int bnb8_state_count(int kind, float momentum) {
+    switch (kind) {
+    case BNB8_ADAMW: case BNB8_ADAM: case BNB8_LAMB: return 2;
+    case BNB8_ADEMAMIX: return 3;
+    case BNB8_SGD: case BNB8_LARS: return momentum != 0.0f ? 1 : 0;
+    default: return 1;           // Lion, RMSprop, Adagrad
+    }
+}
+BNB8_HD int bnb8_state_signed(int kind, int state) {
+    if (kind == BNB8_RMSPROP || kind == BNB8_ADAGRAD) return 0;
+    if (kind == BNB8_ADEMAMIX) return state < 2;
+    return state == 0;           // Adam family: m signed, v not; SGD, Lion: one signed state
+}
+
+// Updates the states s[] of one element in place and returns its update direction u (before the
+// step size): p_new = bnb8_apply(a, p, u, trust). g is the raw gradient, finite.
+BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[3]) {
+    float gs = g * a->gnorm_scale;
+    if (a->l2 != 0.0f) gs = gs + a->l2 * p;
+    switch (a->kind) {
+    case BNB8_ADAMW: case BNB8_ADAM: case BNB8_LAMB:
+        s[0] = a->beta1 * s[0] + a->one_minus_beta1 * gs;
+        s[1] = a->beta2 * s[1] + a->one_minus_beta2 * (gs * gs);
+        return s[0] / (sqrtf(s[1]) / a->sqrt_bc2 + a->eps);
+    case BNB8_SGD: case BNB8_LARS:
+        if (a->nstates == 0) return gs;
+        s[0] = a->first ? gs : a->momentum * s[0] + a->one_minus_dampening * gs;
+        return a->nesterov ? gs + a->momentum * s[0] : s[0];
+    case BNB8_LION: {
+        float c = a->beta1 * s[0] + a->one_minus_beta1 * gs;
+        s[0] = a->beta2 * s[0] + a->one_minus_beta2 * gs;
+        return (float)((c > 0.0f) - (c < 0.0f));
+    }
+    case BNB8_RMSPROP:           // RMSprop's smoothing alpha is passed as beta2
+        s[0] = a->beta2 * s[0] + a->one_minus_beta2 * (gs * gs);
+        return gs / (sqrtf(s[0]) + a->eps);
+    case BNB8_ADAGRAD:
+        s[0] = s[0] + gs * gs;
+        return gs / (sqrtf(s[0]) + a->eps);
+    default:                     // AdEMAMix
+        s[0] = a->beta1 * s[0] + a->one_minus_beta1 * gs;
+        s[1] = a->beta3 * s[1] + a->one_minus_beta3 * gs;
+        s[2] = a->beta2 * s[2] + a->one_minus_beta2 * (gs * gs);
+        return (s[0] * a->inv_bc1 + a->alpha * s[1]) / (sqrtf(s[2]) / a->sqrt_bc2 + a->eps);
+    }
+}
+
+BNB8_HD float bnb8_apply(const bnb8_step_args *a, float p, float u, float trust) {
+    return p * a->decay - (a->step_size * trust) * u;
+}
+
+// LAMB / LARS: the factor that shrinks an update of squared norm u2 to at most max_unorm |p|.
+BNB8_HD float bnb8_trust_ratio(float max_unorm, float p2, float u2) {
+    if (max_unorm <= 0.0f || !(u2 > 0.0f)) return 1.0f;
+    float limit = max_unorm * sqrtf(p2), unorm = sqrtf(u2);
+    return unorm > limit ? limit / unorm : 1.0f;
+}
+
+// Percentile clipping: history holds the last 100 squared gradient norms (all set to the first at
+// step 1); returns the gradient scale that clips the norm at that percentile of the history.
+BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnorm2, int percentile) {
+    if (step <= 1) for (int i = 0; i < 100; i++) history[i] = gnorm2;
+    else history[step % 100] = gnorm2;
+    float sorted[100];
+    for (int i = 0; i < 100; i++) {          // insertion sort: 100 values, once per tensor and step
+        float v = history[i];
+        int j = i;
+        for (; j > 0 && sorted[j - 1] > v; j--) sorted[j] = sorted[j - 1];
+        sorted[j] = v;
+    }
+    float clip = sqrtf(sorted[percentile]), current = sqrtf(gnorm2);
+    return current > clip ? clip / current : 1.0f;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The optimizer's GPU path (internal): bnb8.c describes each GPU tensor of a step (its arrays and
+// the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch.
+
+typedef struct {
+    void *param;
+    const void *grad;
+    void *state[3];              // (n) floats, or (n) codes
+    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit state
+    float *history;              // (100) squared gradient norms when percentile clipping is on
+    int64_t n;
+    int64_t step;                // the tensor's step count, this step included
+    int64_t first_chunk;         // filled by bnb8_cuda.cu: index of this tensor's first chunk
+    int32_t param_dtype, grad_dtype, eight_bit, blocksize, percentile;
+    bnb8_step_args args;
+} bnb8_gpu_tensor;
+
+// Steps count tensors on stream; *context holds the optimizer's device scratch (created on first
+// use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device.
+int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
+                   const float code_unsigned[256], const float code_signed[256],
+                   struct CUstream_st *stream);
+int bnb8_cuda_take_nonfinite(void *context, int64_t *count);
+void bnb8_cuda_context_free(void *context);
+// Memory helpers for bnb8.c: is p GPU memory; allocate zeroed; free; copy (to_device: host -> GPU).
+int bnb8_cuda_is_device_pointer(const void *p);
+int bnb8_cuda_alloc_zeroed(void **p, size_t bytes);
+void bnb8_cuda_free(void *p);
+int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // BNB8_H

@@ -1,0 +1,35 @@
+/*
+test.h — the CPU test suite's few helpers: a check that records failures, a runner that counts
+tests, and a seeded random generator (fresh seed each run, printed; TEST_SEED=n repeats a run).
+*/
+#ifndef BNB8_TEST_H
+#define BNB8_TEST_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <math.h>
+
+// Inside a test: record a failure (the first few of each test are printed) if cond is false.
+#define EXPECT(cond, ...) do { if (!(cond)) test_failure(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+void test_failure(const char *file, int line, const char *fmt, ...);
+// Number of failures recorded so far in the running test (to stop early inside big loops).
+int64_t test_failures(void);
+
+// Path of a test data file (test/data/NAME), for tests run from the repository root.
+const char *test_data_path(const char *name);
+
+// Random numbers: splitmix64 state, uniform in [0, 1), standard normal (Box-Muller, double).
+typedef struct { uint64_t s; } test_rng;
+test_rng test_rng_new(void);   // seeded from the run's seed and a counter
+uint64_t test_u64(test_rng *r);
+double test_uniform(test_rng *r);
+double test_randn(test_rng *r);
+
+// Each test file defines one function that registers its tests:
+//   void tests_quant(void) { test_run("maps match the golden files", test_golden_maps); ... }
+void test_run(const char *name, void (*fn)(void));
+void tests_quant(void);
+void tests_optim(void);
+
+
+#endif

@@ -1,0 +1,326 @@
+/*
+test_gpu.cu — the GPU back end against the CPU one: block-wise quantization and every optimizer
+must give bit-identical results (SPEC §9). Run with `make test-gpu` on a machine with a GPU.
+The CPU path is the reference; it is itself tested against double precision by `make test`.
+Norm-based options (LAMB, LARS, percentile clipping) sum in a different order on the GPU: those
+are checked bit for bit too, and when they differ, within 1e-5 relative (stated per test).
+*/
+#include "bnb8.h"
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include <time.h>
+#include <unistd.h>
+
+static int tests_passed, tests_failed, failures;
+static uint64_t rng_state;
+
+#define CUDA_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1); } } while (0)
+#define EXPECT(cond, ...) do { if (!(cond)) { if (failures++ < 5) { printf("    FAIL %s:%d: ", __FILE__, __LINE__); \
+    printf(__VA_ARGS__); printf("\n"); } } } while (0)
+
+static uint64_t next_u64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void run(const char *name, void (*fn)(void)) {
+    failures = 0;
+    fn();
+    if (failures) tests_failed++; else tests_passed++;
+    printf("%s %s\n", failures ? "FAIL" : "ok  ", name);
+    fflush(stdout);
+}
+
+// Fills a host array of dtype with scale * randn (a counter-based hash, so threads can share it),
+// converted with the library's rounding.
+static void fill_random(void *x, bnb8_dtype dtype, int64_t n, float scale) {
+    uint64_t seed = next_u64();
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t z = seed + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        float u1 = (float)(z >> 40) * 0x1.0p-24f, u2 = (float)((z >> 16) & 0xffffff) * 0x1.0p-24f;
+        bnb8_store(x, dtype, i, scale * sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2));
+    }
+}
+
+template <typename T> static T *device_copy(const T *host, size_t count) {
+    T *d = NULL;
+    CUDA_CHECK(cudaMalloc(&d, count * sizeof(T) + 1));
+    CUDA_CHECK(cudaMemcpy(d, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Quantization
+
+static void quantize_parity(bnb8_dtype dtype, int64_t n, int64_t blocksize, const float *code) {
+    size_t es = bnb8_dtype_size(dtype);
+    int64_t nblocks = (n + blocksize - 1) / blocksize;
+    std::vector<uint8_t> x(n * es), out_cpu(n * es), out_gpu(n * es), q_cpu(n), q_gpu(n);
+    std::vector<float> a_cpu(nblocks), a_gpu(nblocks);
+    fill_random(x.data(), dtype, n, 3.0f);
+    if (n > 100) {                                   // a few non-finite values and an all-zero block
+        bnb8_store(x.data(), dtype, 7, NAN);
+        bnb8_store(x.data(), dtype, n - 3, INFINITY);
+        for (int64_t i = blocksize; i < 2 * blocksize && i < n; i++) bnb8_store(x.data(), dtype, i, 0.0f);
+    }
+    int64_t bad_cpu = -1;
+    EXPECT(bnb8_quantize_blockwise_ex(x.data(), dtype, n, code, blocksize, q_cpu.data(), a_cpu.data(), &bad_cpu) == 0, "cpu");
+    uint8_t *dx = device_copy(x.data(), x.size()), *dq, *dout;
+    float *da, *dcode = device_copy(code, 256);
+    int64_t *dbad;
+    CUDA_CHECK(cudaMalloc(&dq, n)); CUDA_CHECK(cudaMalloc(&da, nblocks * 4)); CUDA_CHECK(cudaMalloc(&dout, n * es));
+    CUDA_CHECK(cudaMalloc(&dbad, 8));
+    CUDA_CHECK(cudaMemset(dq, 0xab, n)); CUDA_CHECK(cudaMemset(da, 0xff, nblocks * 4)); CUDA_CHECK(cudaMemset(dout, 0xff, n * es));
+    EXPECT(bnb8_cuda_quantize_blockwise_ex(dx, dtype, n, dcode, blocksize, dq, da, dbad, NULL) == 0, "gpu: %s", bnb8_last_error());
+    EXPECT(bnb8_cuda_dequantize_blockwise(dq, da, n, dcode, blocksize, dout, dtype, NULL) == 0, "gpu: %s", bnb8_last_error());
+    int64_t bad_gpu = -1;
+    CUDA_CHECK(cudaMemcpy(q_gpu.data(), dq, n, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(a_gpu.data(), da, nblocks * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out_gpu.data(), dout, n * es, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&bad_gpu, dbad, 8, cudaMemcpyDeviceToHost));
+    bnb8_dequantize_blockwise(q_cpu.data(), a_cpu.data(), n, code, blocksize, out_cpu.data(), dtype);
+    EXPECT(memcmp(q_cpu.data(), q_gpu.data(), n) == 0, "codes differ: dtype %d n %lld block %lld", dtype, (long long)n, (long long)blocksize);
+    EXPECT(memcmp(a_cpu.data(), a_gpu.data(), nblocks * 4) == 0, "absmax differs: dtype %d n %lld block %lld", dtype, (long long)n, (long long)blocksize);
+    EXPECT(memcmp(out_cpu.data(), out_gpu.data(), n * es) == 0, "dequantized differs: dtype %d n %lld block %lld", dtype, (long long)n, (long long)blocksize);
+    EXPECT(bad_cpu == bad_gpu, "non-finite count cpu %lld gpu %lld", (long long)bad_cpu, (long long)bad_gpu);
+    cudaFree(dx); cudaFree(dq); cudaFree(da); cudaFree(dout); cudaFree(dcode); cudaFree(dbad);
+}
+
+static void test_quantize_parity(void) {
+    const int64_t sizes[] = {1, 255, 257, 4097, 1000003};
+    float maps[3][256];
+    bnb8_map_dynamic(maps[0], 1);
+    bnb8_map_dynamic(maps[1], 0);
+    bnb8_map_linear(maps[2], 1);
+    for (int m = 0; m < 3; m++)
+        for (int d = 0; d < 3; d++)
+            for (int64_t bs = 64; bs <= 4096; bs *= 2)
+                for (int s = 0; s < 5; s++) quantize_parity((bnb8_dtype)d, sizes[s], bs, maps[m]);
+}
+
+// One tensor above 2^31 elements (bf16, 4.3 GB): every code and absmax equal to the CPU's.
+static void test_quantize_above_2g(void) {
+    int64_t n = (1ll << 31) + 4097, blocksize = 4096, nblocks = (n + blocksize - 1) / blocksize;
+    std::vector<uint16_t> x(n);
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {   // a cheap hash per element: different values everywhere
+        uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+        z ^= z >> 29;
+        x[i] = bnb8_f32_to_bf16(((float)(z & 0xffff) - 32768.0f) * (1.0f + (float)((z >> 16) & 7)));
+    }
+    float code[256];
+    bnb8_map_dynamic(code, 1);
+    std::vector<uint8_t> q_cpu(n), q_gpu(n);
+    std::vector<float> a_cpu(nblocks), a_gpu(nblocks);
+    EXPECT(bnb8_quantize_blockwise(x.data(), BNB8_BF16, n, code, blocksize, q_cpu.data(), a_cpu.data()) == 0, "cpu");
+    uint16_t *dx = device_copy(x.data(), n);
+    uint8_t *dq; float *da, *dcode = device_copy(code, 256);
+    CUDA_CHECK(cudaMalloc(&dq, n)); CUDA_CHECK(cudaMalloc(&da, nblocks * 4));
+    CUDA_CHECK(cudaMemset(dq, 0xab, n)); CUDA_CHECK(cudaMemset(da, 0xff, nblocks * 4));
+    EXPECT(bnb8_cuda_quantize_blockwise(dx, BNB8_BF16, n, dcode, blocksize, dq, da, NULL) == 0, "gpu: %s", bnb8_last_error());
+    CUDA_CHECK(cudaMemcpy(q_gpu.data(), dq, n, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(a_gpu.data(), da, nblocks * 4, cudaMemcpyDeviceToHost));
+    EXPECT(memcmp(q_cpu.data(), q_gpu.data(), n) == 0, "codes differ above 2^31");
+    EXPECT(memcmp(a_cpu.data(), a_gpu.data(), nblocks * 4) == 0, "absmax differs above 2^31");
+    EXPECT(a_cpu[nblocks - 1] > 0.0f, "last block absmax is %g", a_cpu[nblocks - 1]);
+    cudaFree(dx); cudaFree(dq); cudaFree(da); cudaFree(dcode);
+}
+
+static void test_bad_arguments(void) {
+    float *d;
+    CUDA_CHECK(cudaMalloc(&d, 4096));
+    float host[256];
+    uint8_t *dq;
+    CUDA_CHECK(cudaMalloc(&dq, 1024));
+    EXPECT(bnb8_cuda_quantize_blockwise(d, BNB8_F32, -1, d, 256, dq, d, NULL) == BNB8_ERR_SIZE, "n < 0");
+    EXPECT(bnb8_cuda_quantize_blockwise(d, BNB8_F32, 10, d, 100, dq, d, NULL) == BNB8_ERR_BLOCKSIZE, "block 100");
+    EXPECT(bnb8_cuda_quantize_blockwise(d, (bnb8_dtype)9, 10, d, 256, dq, d, NULL) == BNB8_ERR_DTYPE, "dtype 9");
+    EXPECT(bnb8_cuda_quantize_blockwise(NULL, BNB8_F32, 10, d, 256, dq, d, NULL) == BNB8_ERR_NULL, "NULL");
+    EXPECT(bnb8_cuda_quantize_blockwise(host, BNB8_F32, 10, d, 256, dq, d, NULL) == BNB8_ERR_DEVICE, "host pointer");
+    cudaFree(d); cudaFree(dq);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Optimizers: the same tensors, gradients and steps on the CPU and on the GPU; afterwards the
+// parameters and the state files (codes, absmax, fp32 states, step counts) must be byte-identical.
+
+typedef struct {
+    int64_t n;
+    std::vector<uint8_t> p_cpu, g_cpu;   // host tensors of the CPU optimizer
+    void *p_gpu, *g_gpu;                 // device tensors of the GPU optimizer
+} pair_tensor;
+
+static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop", "Adagrad", "LAMB", "LARS", "AdEMAMix"};
+
+// Runs steps on both back ends; returns the largest relative parameter difference seen at the end
+// (0 when bit-identical) and whether the state files are byte-identical.
+static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
+                               const std::vector<int64_t> &sizes, int steps, int *files_equal, const char *override_name) {
+    bnb8_optimizer *cpu = NULL, *gpu = NULL;
+    if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
+        EXPECT(0, "create: %s", bnb8_last_error());
+        return 1.0;
+    }
+    if (override_name) {                 // a per-tensor override: 32-bit states, twice the lr
+        bnb8_config o = cfg;
+        o.format = BNB8_STATE_32BIT;
+        o.lr = cfg.lr * 2.0f;
+        o.weight_decay = 0.0f;
+        bnb8_optimizer_override(cpu, override_name, &o);
+        bnb8_optimizer_override(gpu, override_name, &o);
+    }
+    size_t ps = bnb8_dtype_size(pdtype), gs = bnb8_dtype_size(gdtype);
+    std::vector<pair_tensor> t(sizes.size());
+    for (size_t i = 0; i < sizes.size(); i++) {
+        char name[32];
+        snprintf(name, sizeof name, "t%zu", i);
+        t[i].n = sizes[i];
+        t[i].p_cpu.resize(sizes[i] * ps);
+        t[i].g_cpu.resize(sizes[i] * gs);
+        fill_random(t[i].p_cpu.data(), pdtype, sizes[i], 0.1f);
+        t[i].p_gpu = device_copy(t[i].p_cpu.data(), t[i].p_cpu.size());
+        CUDA_CHECK(cudaMalloc(&t[i].g_gpu, sizes[i] * gs));
+        int a = bnb8_optimizer_add(cpu, name, t[i].p_cpu.data(), pdtype, t[i].g_cpu.data(), gdtype, sizes[i], NULL);
+        int b = bnb8_optimizer_add(gpu, name, t[i].p_gpu, pdtype, t[i].g_gpu, gdtype, sizes[i], NULL);
+        EXPECT(a == 0 && b == 0, "add: %s", bnb8_last_error());
+    }
+    for (int step = 1; step <= steps; step++) {
+        for (size_t i = 0; i < t.size(); i++) {
+            fill_random(t[i].g_cpu.data(), gdtype, t[i].n, 0.01f * (1.0f + (step % 7 == 0) * 50.0f));
+            if (step % 10 == 3 && t[i].n > 10) bnb8_store(t[i].g_cpu.data(), gdtype, step % t[i].n, NAN);
+            CUDA_CHECK(cudaMemcpy(t[i].g_gpu, t[i].g_cpu.data(), t[i].n * gs, cudaMemcpyHostToDevice));
+        }
+        float lr = cfg.lr * (0.5f + 0.5f * cosf(3.14159265f * step / steps)), gnorm_scale = step % 5 == 0 ? 0.5f : 1.0f;
+        if (step % 4 == 0 && t.size() > 1) {  // a subset step now and then: tensors keep their own counts
+            int ids[1] = {(int)(step % t.size())};
+            EXPECT(bnb8_optimizer_step_tensors(cpu, ids, 1, lr, gnorm_scale, NULL) == 0, "cpu: %s", bnb8_last_error());
+            EXPECT(bnb8_optimizer_step_tensors(gpu, ids, 1, lr, gnorm_scale, NULL) == 0, "gpu: %s", bnb8_last_error());
+        } else {
+            EXPECT(bnb8_optimizer_step(cpu, lr, gnorm_scale, NULL) == 0, "cpu: %s", bnb8_last_error());
+            EXPECT(bnb8_optimizer_step(gpu, lr, gnorm_scale, NULL) == 0, "gpu: %s", bnb8_last_error());
+        }
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    int64_t bad_cpu = bnb8_optimizer_take_nonfinite(cpu), bad_gpu = bnb8_optimizer_take_nonfinite(gpu);
+    EXPECT(bad_cpu == bad_gpu && bad_cpu > 0, "non-finite counts cpu %lld gpu %lld", (long long)bad_cpu, (long long)bad_gpu);
+    double worst = 0.0;
+    for (size_t i = 0; i < t.size(); i++) {
+        std::vector<uint8_t> back(t[i].p_cpu.size());
+        CUDA_CHECK(cudaMemcpy(back.data(), t[i].p_gpu, back.size(), cudaMemcpyDeviceToHost));
+        for (int64_t j = 0; j < t[i].n; j++) {
+            double a = bnb8_load(t[i].p_cpu.data(), pdtype, j), b = bnb8_load(back.data(), pdtype, j);
+            if (a != b) { double rel = fabs(a - b) / fmax(fabs(a), 1e-30); worst = rel > worst ? rel : worst; }
+        }
+        cudaFree(t[i].p_gpu);
+        cudaFree(t[i].g_gpu);
+    }
+    char path_cpu[64], path_gpu[64];
+    snprintf(path_cpu, sizeof path_cpu, "/tmp/bnb8_parity_cpu_%d.state", (int)getpid());
+    snprintf(path_gpu, sizeof path_gpu, "/tmp/bnb8_parity_gpu_%d.state", (int)getpid());
+    EXPECT(bnb8_optimizer_save(cpu, path_cpu) == 0 && bnb8_optimizer_save(gpu, path_gpu) == 0, "save: %s", bnb8_last_error());
+    FILE *a = fopen(path_cpu, "rb"), *b = fopen(path_gpu, "rb");
+    *files_equal = a && b;
+    for (int ca = 0, cb = 0; *files_equal && (ca != EOF || cb != EOF);) {
+        ca = fgetc(a);
+        cb = fgetc(b);
+        if (ca != cb) *files_equal = 0;
+    }
+    if (a) fclose(a);
+    if (b) fclose(b);
+    remove(path_cpu);
+    remove(path_gpu);
+    bnb8_optimizer_free(cpu);
+    bnb8_optimizer_free(gpu);
+    return worst;
+}
+
+static void test_optimizer_parity(void) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, 1000003};
+    const bnb8_dtype dtypes[3] = {BNB8_F32, BNB8_BF16, BNB8_F16};
+    for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++)
+        for (int format = 0; format < 2; format++)
+            for (int d = 0; d < 3; d++) {
+                bnb8_config cfg = bnb8_config_default((bnb8_optim)kind);
+                cfg.format = (bnb8_state_format)format;
+                cfg.min_8bit_size = 0;           // 8-bit even for the tiny tensors: every tail path
+                cfg.weight_decay = 0.01f;
+                if (kind == BNB8_SGD) cfg.nesterov = d == 1;
+                if (kind == BNB8_ADEMAMIX) { cfg.t_alpha = 50; cfg.t_beta3 = 50; }
+                bnb8_dtype gdtype = d == 0 ? BNB8_F32 : (d == 1 ? BNB8_BF16 : BNB8_F32);
+                int equal = 0;
+                double worst = optimizer_parity((bnb8_optim)kind, cfg, dtypes[d], gdtype, sizes, 100, &equal, "t3");
+                int norm_based = kind == BNB8_LAMB || kind == BNB8_LARS;
+                printf("    %-9s %s p %-4s: %s\n", optimizer_names[kind], format ? "8-bit " : "32-bit",
+                       d == 0 ? "f32" : d == 1 ? "bf16" : "f16", worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+                if (norm_based) EXPECT(worst <= 1e-5, "%s: max relative parameter difference %g > 1e-5", optimizer_names[kind], worst);
+                else EXPECT(worst == 0.0 && equal, "%s format %d dtype %d: params differ by %g rel, state files %s",
+                            optimizer_names[kind], format, d, worst, equal ? "equal" : "differ");
+            }
+}
+
+// Block sizes, percentile clipping, and a GPT-2-like list of 148 tensors in one launch.
+static void test_optimizer_options(void) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, 1000003};
+    for (int64_t bs = 64; bs <= 4096; bs *= 2) {
+        bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
+        cfg.blocksize = bs;
+        cfg.min_8bit_size = 0;
+        int equal = 0;
+        double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, 30, &equal, NULL);
+        EXPECT(worst == 0.0 && equal, "AdamW 8-bit block %lld differs (%g)", (long long)bs, worst);
+    }
+    bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
+    cfg.percentile_clipping = 5;
+    int equal = 0;
+    double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, 100, &equal, NULL);
+    printf("    percentile clipping: %s (max rel diff %g)\n", worst == 0.0 && equal ? "bit-identical" : "differs", worst);
+    EXPECT(worst <= 1e-5, "percentile clipping: max relative parameter difference %g > 1e-5", worst);
+    // GPT-2 d12's 148 tensors at a small width: wte, wpe, 12 x 12 per layer, ln_f w and b.
+    std::vector<int64_t> gpt2;
+    const int64_t C = 128, V = 1000, T = 256;
+    gpt2.push_back(V * C);
+    gpt2.push_back(T * C);
+    for (int l = 0; l < 12; l++) {
+        const int64_t layer[12] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C};
+        for (int k = 0; k < 12; k++) gpt2.push_back(layer[k]);
+    }
+    gpt2.push_back(C);
+    gpt2.push_back(C);
+    for (int format = 0; format < 2; format++)
+        for (int d = 0; d < 2; d++) {
+            cfg = bnb8_config_default(BNB8_ADAMW);
+            cfg.format = (bnb8_state_format)format;
+            worst = optimizer_parity(BNB8_ADAMW, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, gpt2, 100, &equal, "t0");
+            EXPECT(gpt2.size() == 148 && worst == 0.0 && equal, "GPT-2 list format %d dtype %d differs (%g)", format, d, worst);
+        }
+}
+
+int main(void) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        printf("bnb8 GPU tests: no CUDA GPU found (cudaGetDeviceCount: %d); nothing was tested\n", devices);
+        return 2;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const char *seed = getenv("TEST_SEED");
+    rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("bnb8 GPU tests on %s, TEST_SEED=%llu\n", prop.name, (unsigned long long)rng_state);
+    run("quantize/dequantize: GPU equals CPU for every map, dtype, block size and size", test_quantize_parity);
+    run("quantize: a tensor above 2^31 elements equals the CPU's", test_quantize_above_2g);
+    run("quantize: bad arguments and host pointers are refused", test_bad_arguments);
+    run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
+    run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch", test_optimizer_options);
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
+}
