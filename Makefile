@@ -5,15 +5,15 @@
 
 CC       ?= cc
 CFLAGS   ?= -O2
-CFLAGS   += -std=c11 -Wall -Wextra -ffp-contract=off -fno-fast-math -I.
-LDLIBS   += -lm
+override CFLAGS += -std=c11 -Wall -Wextra -ffp-contract=off -fno-fast-math -I.
+override LDLIBS += -lm
 BUILD    ?= build
 
 # OpenMP: used when the compiler accepts -fopenmp.
 OPENMP := $(shell printf 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
 ifeq ($(OPENMP),yes)
-  CFLAGS += -fopenmp
-  LDLIBS += -fopenmp
+  override CFLAGS += -fopenmp
+  override LDLIBS += -fopenmp
 endif
 
 # CUDA: nvcc on PATH or in /usr/local/cuda. The target architecture is the GPU's own when
@@ -41,7 +41,7 @@ endif
 STB_DIR ?= /usr/include
 STB := $(shell test -f $(STB_DIR)/stb/stb_ds.h && echo $(STB_DIR)/stb/stb_ds.h)
 ifneq ($(STB_DIR),/usr/include)
-  CFLAGS += -I$(STB_DIR)
+  override CFLAGS += -I$(STB_DIR)
 endif
 
 TEST_SRCS := $(wildcard test/test_*.c)

@@ -735,10 +735,12 @@ static int bnb8_little_endian(void) { uint16_t one = 1; uint8_t first; memcpy(&f
 
 // fwrite / fread that also fold the bytes into a running CRC.
 static int bnb8_write(FILE *f, const void *p, size_t len, uint32_t *crc) {
+    if (len == 0) return 1;     // p may be NULL for an empty record
     *crc = bnb8_crc32(*crc, p, len);
     return fwrite(p, 1, len, f) == len;
 }
 static int bnb8_read(FILE *f, void *p, size_t len, uint32_t *crc) {
+    if (len == 0) return 1;
     if (fread(p, 1, len, f) != len) return 0;
     *crc = bnb8_crc32(*crc, p, len);
     return 1;
