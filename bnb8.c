@@ -547,7 +547,7 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
     a.beta1 = c->beta1; a.one_minus_beta1 = (float)(1.0 - c->beta1);
     a.beta2 = c->beta2; a.one_minus_beta2 = (float)(1.0 - c->beta2);
     a.beta3 = c->beta3; a.one_minus_beta3 = (float)(1.0 - c->beta3);
-    a.sqrt_bc2 = (float)sqrt(bc2);
+    a.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
     a.inv_bc1 = (float)(1.0 / bc1);
     a.eps = c->eps;
     a.alpha = c->alpha;

@@ -268,47 +268,61 @@ BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
     return i;
 }
 
-// The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x
-// gives the number of thresholds below the bucket x falls in; a short scan finishes the count (for
-// the dynamic maps each bucket holds at most one threshold, so the scan is one comparison).
+// The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x.
+// Each entry holds the number j of thresholds below its whole bucket and, when exactly one
+// threshold lies inside (always so for the dynamic maps), that threshold's low 16 bits: x and it
+// share every higher bit, so one integer comparison of the low bits decides. Buckets holding more
+// thresholds (dense or odd maps), the tiny-exponent bucket when a threshold is in it, and NaN fall
+// back to the binary search. One 32-bit table read per value instead of eight comparisons.
 #define BNB8_LOOKUP_BITS 7
-#define BNB8_LOOKUP_E0 103                                       // exponents below share bucket 0
-#define BNB8_LOOKUP_HALF (((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS) + 1)  // buckets per sign
+#define BNB8_LOOKUP_E0 103             // exponents below (|x| < 2^-24) share one bucket
+#define BNB8_LOOKUP_EXACT ((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS)   // buckets of one exponent
+#define BNB8_LOOKUP_HALF (BNB8_LOOKUP_EXACT + 3)   // per sign: tiny, exact..., [1, inf], NaN
 #define BNB8_LOOKUP_SIZE (2 * BNB8_LOOKUP_HALF)
+#define BNB8_ENTRY_ONE 0x1000000u      // one threshold inside; bits 0..15 hold its low bits
+#define BNB8_ENTRY_SEARCH 0x2000000u   // several thresholds inside: binary search
 
 typedef struct {
     float t[256];                          // thresholds, t[255] = +inf
-    uint8_t first[BNB8_LOOKUP_SIZE];       // per bucket: thresholds below every x in it
+    uint32_t entry[BNB8_LOOKUP_SIZE];      // per bucket: flags | j << 16 | low bits of a threshold
 } bnb8_codebook;
 
 BNB8_HD int bnb8_bucket(float x) {
     uint32_t u = bnb8_f32_bits(x), mag = u & 0x7fffffffu, e = mag >> 23;
     int k = e < BNB8_LOOKUP_E0 ? 0
-          : e >= 127 ? BNB8_LOOKUP_HALF - 1
-          : (int)(((e - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS) | ((mag >> (23 - BNB8_LOOKUP_BITS)) & ((1u << BNB8_LOOKUP_BITS) - 1)));
+          : e >= 127 ? (mag > 0x7f800000u ? BNB8_LOOKUP_HALF - 1 : BNB8_LOOKUP_HALF - 2)
+          : 1 + (int)((mag >> (23 - BNB8_LOOKUP_BITS)) - (BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS));
     return (u >> 31) ? BNB8_LOOKUP_HALF + k : k;
 }
 
-// Entry b of the table. Bucket k of the positive side holds [A, B), of the negative side (-B, -A].
-BNB8_HD uint8_t bnb8_codebook_entry(const float t[256], int b) {
+// Entry b of the table: the bucket's magnitudes [lo, hi] are values [lo, hi] or [-hi, -lo].
+BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b) {
     int negative = b >= BNB8_LOOKUP_HALF, k = negative ? b - BNB8_LOOKUP_HALF : b;
-    uint32_t start = ((uint32_t)(BNB8_LOOKUP_E0 + (k >> BNB8_LOOKUP_BITS)) << 23) |
-                     ((uint32_t)(k & ((1 << BNB8_LOOKUP_BITS) - 1)) << (23 - BNB8_LOOKUP_BITS));
-    float a = k == 0 ? 0.0f : bnb8_bits_f32(start);
-    float b_end = k == BNB8_LOOKUP_HALF - 1 ? bnb8_bits_f32(0x7f800000u) : bnb8_bits_f32(start + (1u << (23 - BNB8_LOOKUP_BITS)));
-    return (uint8_t)(negative ? bnb8_count_at_most(t, -b_end) : bnb8_count_below(t, a));
+    if (k == BNB8_LOOKUP_HALF - 1) return BNB8_ENTRY_SEARCH;                    // NaN
+    uint32_t lo = 0, hi = 0x7f800000u;                                           // [1, inf]: lo below
+    if (k == 0) hi = (BNB8_LOOKUP_E0 << 23) - 1u;
+    else if (k == BNB8_LOOKUP_HALF - 2) lo = 0x3f800000u;
+    else { lo = (uint32_t)(k - 1 + (BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS)) << (23 - BNB8_LOOKUP_BITS); hi = lo + 0xffffu; }
+    float a = bnb8_bits_f32(lo), z = bnb8_bits_f32(hi);
+    float first = negative ? -z : a, last = negative ? -a : z;
+    uint32_t j = (uint32_t)bnb8_count_below(t, first), inside = (uint32_t)bnb8_count_at_most(t, last) - j;
+    if (inside == 0) return j << 16;
+    int exact = k > 0 && k < BNB8_LOOKUP_HALF - 2;
+    if (inside == 1 && exact) return BNB8_ENTRY_ONE | j << 16 | (bnb8_f32_bits(t[j]) & 0xffffu);
+    return BNB8_ENTRY_SEARCH;
 }
-
 BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {
     bnb8_thresholds(code, cb->t);
-    for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) cb->first[b] = bnb8_codebook_entry(cb->t, b);
+    for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) cb->entry[b] = bnb8_codebook_entry(cb->t, b);
 }
 
 BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
-    int i = cb->first[bnb8_bucket(x)];
-    while (i < 255 && cb->t[i] < x) i++;
-    if (i < 255 && cb->t[i] == x && (i & 1)) i++;
-    return i;
+    uint32_t u = bnb8_f32_bits(x), e = cb->entry[bnb8_bucket(x)];
+    if (e & BNB8_ENTRY_SEARCH) return bnb8_nearest_code(cb->t, x);
+    uint32_t j = (e >> 16) & 255u, one = (e >> 24) & 1u, lx = u & 0xffffu, lt = e & 0xffffu;
+    uint32_t below = (u >> 31) ? lx < lt : lx > lt;        // the threshold is below x
+    uint32_t tie = lx == lt;                               // x is the threshold: to the even index
+    return (int)(j + (one & (below | (tie & j))));
 }
 
 // Code of a state value s in a block of absmax a (a > 0). For signed maps (zero code z > 0) a
@@ -334,7 +348,7 @@ typedef struct {
     float decay;                 // p *= decay = 1 - lr wd (AdamW, Lion, LAMB, AdEMAMix)
     float step_size;             // lr / bc1 for the Adam family, lr otherwise
     float beta1, one_minus_beta1, beta2, one_minus_beta2, beta3, one_minus_beta3;
-    float sqrt_bc2;              // sqrt(1 - beta2^t)
+    float inv_sqrt_bc2;          // 1 / sqrt(1 - beta2^t): a product, not a second division
     float inv_bc1;               // 1 / bc1 (AdEMAMix's m1 only)
     float eps, alpha, momentum, one_minus_dampening;
     float max_unorm;             // LAMB / LARS (0 = off)
@@ -364,7 +378,7 @@ BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[
     case BNB8_ADAMW: case BNB8_ADAM: case BNB8_LAMB:
         s[0] = a->beta1 * s[0] + a->one_minus_beta1 * gs;
         s[1] = a->beta2 * s[1] + a->one_minus_beta2 * (gs * gs);
-        return s[0] / (sqrtf(s[1]) / a->sqrt_bc2 + a->eps);
+        return s[0] / (sqrtf(s[1]) * a->inv_sqrt_bc2 + a->eps);
     case BNB8_SGD: case BNB8_LARS:
         if (a->nstates == 0) return gs;
         s[0] = a->first ? gs : a->momentum * s[0] + a->one_minus_dampening * gs;
@@ -384,7 +398,7 @@ BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[
         s[0] = a->beta1 * s[0] + a->one_minus_beta1 * gs;
         s[1] = a->beta3 * s[1] + a->one_minus_beta3 * gs;
         s[2] = a->beta2 * s[2] + a->one_minus_beta2 * (gs * gs);
-        return (s[0] * a->inv_bc1 + a->alpha * s[1]) / (sqrtf(s[2]) / a->sqrt_bc2 + a->eps);
+        return (s[0] * a->inv_bc1 + a->alpha * s[1]) / (sqrtf(s[2]) * a->inv_sqrt_bc2 + a->eps);
     }
 }
 

@@ -24,10 +24,11 @@ static int bnb8_cuda_check_device_ptr(const char *fn, const void *p) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Layout shared by the kernels. A CUDA block of 256 threads works on rows of 1024 consecutive
-// elements, 4 per thread (one 16-byte access for fp32), so every warp access is contiguous. A
-// chunk is R rows; an 8-bit block of B elements is B/4 consecutive threads of a row (B <= 1024) or
-// B/1024 whole rows (B > 1024).
+// Layout shared by the kernels. A CUDA block of 256 threads works on chunks of R rows of 1024
+// elements. Warp w owns the contiguous segment [w * 128R, (w + 1) * 128R) of a chunk; lane l holds
+// elements r * 128 + 4l .. 4l + 3 of it for r < R (one 16-byte access per fp32 row, every warp
+// access contiguous). With R = 2 an 8-bit block of 256 elements is exactly one warp's segment, so
+// its absmax is a warp shuffle, with no shared memory and no barrier.
 
 #define BNB8_V 4
 #define BNB8_ROW (BNB8_THREADS * BNB8_V)
@@ -35,14 +36,28 @@ static int bnb8_cuda_check_device_ptr(const char *fn, const void *p) {
 
 __device__ int bnb8_log2(int64_t b) { return 63 - __clzll((unsigned long long)b); }
 
-// Elements i..i+3 of x as float (zero past n): one vector access when vec allows.
+// Index, within a chunk, of this thread's first element of row r.
+template <int R> __device__ int64_t bnb8_offset(int r) {
+    return (int64_t)(threadIdx.x / 32) * 128 * R + r * 128 + (threadIdx.x % 32) * BNB8_V;
+}
+
+// Elements i..i+3 of x as float (zero past n): one vector access when vec allows. The data is
+// streamed once: loads and stores may be marked evict-first (build with -DBNB8_NO_STREAMING to
+// compare).
+#ifdef BNB8_NO_STREAMING
+#define BNB8_LD(p) (*(p))
+#define BNB8_ST(p, v) (*(p) = (v))
+#else
+#define BNB8_LD(p) __ldcs(p)
+#define BNB8_ST(p, v) __stcs((p), (v))
+#endif
 __device__ void bnb8_load4(const void *x, int dtype, int64_t i, int64_t n, bool vec, float v[4]) {
     if (vec && i + 4 <= n) {
         if (dtype == BNB8_F32) {
-            float4 f = *(const float4 *)((const float *)x + i);
+            float4 f = BNB8_LD((const float4 *)((const float *)x + i));
             v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
         } else {
-            uint2 w = *(const uint2 *)((const uint16_t *)x + i);
+            uint2 w = BNB8_LD((const uint2 *)((const uint16_t *)x + i));
             uint16_t h[4] = {(uint16_t)w.x, (uint16_t)(w.x >> 16), (uint16_t)w.y, (uint16_t)(w.y >> 16)};
             #pragma unroll
             for (int j = 0; j < 4; j++) v[j] = dtype == BNB8_BF16 ? bnb8_bf16_to_f32(h[j]) : bnb8_f16_to_f32(h[j]);
@@ -56,12 +71,12 @@ __device__ void bnb8_load4(const void *x, int dtype, int64_t i, int64_t n, bool 
 __device__ void bnb8_store4(void *x, int dtype, int64_t i, int64_t n, bool vec, const float v[4]) {
     if (vec && i + 4 <= n) {
         if (dtype == BNB8_F32) {
-            *(float4 *)((float *)x + i) = make_float4(v[0], v[1], v[2], v[3]);
+            BNB8_ST((float4 *)((float *)x + i), make_float4(v[0], v[1], v[2], v[3]));
         } else {
             uint16_t h[4];
             #pragma unroll
             for (int j = 0; j < 4; j++) h[j] = dtype == BNB8_BF16 ? bnb8_f32_to_bf16(v[j]) : bnb8_f32_to_f16(v[j]);
-            *(uint2 *)((uint16_t *)x + i) = make_uint2(h[0] | ((uint32_t)h[1] << 16), h[2] | ((uint32_t)h[3] << 16));
+            BNB8_ST((uint2 *)((uint16_t *)x + i), make_uint2(h[0] | ((uint32_t)h[1] << 16), h[2] | ((uint32_t)h[3] << 16)));
         }
         return;
     }
@@ -70,13 +85,13 @@ __device__ void bnb8_store4(void *x, int dtype, int64_t i, int64_t n, bool vec, 
 }
 
 __device__ void bnb8_load_codes4(const uint8_t *q, int64_t i, int64_t n, bool vec, uint8_t c[4]) {
-    if (vec && i + 4 <= n) { uint32_t w = *(const uint32_t *)(q + i); memcpy(c, &w, 4); return; }
+    if (vec && i + 4 <= n) { uint32_t w = BNB8_LD((const unsigned int *)(q + i)); memcpy(c, &w, 4); return; }
     #pragma unroll
     for (int j = 0; j < 4; j++) c[j] = i + j < n ? q[i + j] : 0;
 }
 
 __device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, const uint8_t c[4]) {
-    if (vec && i + 4 <= n) { uint32_t w; memcpy(&w, c, 4); *(uint32_t *)(q + i) = w; return; }
+    if (vec && i + 4 <= n) { uint32_t w; memcpy(&w, c, 4); BNB8_ST((unsigned int *)(q + i), w); return; }
     #pragma unroll
     for (int j = 0; j < 4; j++) if (i + j < n) q[i + j] = c[j];
 }
@@ -85,47 +100,53 @@ __device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, co
 __device__ void bnb8_codebook_fill(bnb8_codebook *cb, const float *code) {
     for (int k = threadIdx.x; k < 256; k += blockDim.x) cb->t[k] = bnb8_threshold(code, k);
     __syncthreads();
-    for (int b = threadIdx.x; b < BNB8_LOOKUP_SIZE; b += blockDim.x) cb->first[b] = bnb8_codebook_entry(cb->t, b);
+    for (int b = threadIdx.x; b < BNB8_LOOKUP_SIZE; b += blockDim.x) cb->entry[b] = bnb8_codebook_entry(cb->t, b);
     __syncthreads();
 }
 
 // amax[r] of each of this thread's R rows becomes the max over its whole 8-bit block of B
-// elements. All threads of the block call it with the same B.
+// elements: lanes, then rows of the warp's segment, then (B > 128R) warps through scratch. All
+// threads of the block call it with the same B.
 template <int R>
-__device__ void bnb8_block_max(float amax[R], int B, float (*scratch)[BNB8_WARPS]) {
+__device__ void bnb8_block_max(float amax[R], int B, float *scratch) {
     int lanes = B / BNB8_V < 32 ? B / BNB8_V : 32;
     #pragma unroll
     for (int r = 0; r < R; r++)
         for (int off = 1; off < lanes; off <<= 1) amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], off));
-    if (B <= 32 * BNB8_V) return;
-    int warp = threadIdx.x / 32;
-    __syncthreads();                                   // scratch may still be read by a former call
-    if (threadIdx.x % 32 == 0) {
-        #pragma unroll
-        for (int r = 0; r < R; r++) scratch[r][warp] = amax[r];
-    }
-    __syncthreads();
-    int rows = B >= BNB8_ROW ? B / BNB8_ROW : 1, warps = B >= BNB8_ROW ? BNB8_WARPS : B / (32 * BNB8_V);
-    int w0 = warp / warps * warps;
+    if (B <= 128) return;
+    int rows = B / 128 < R ? B / 128 : R;
+    float m[R];
     #pragma unroll
     for (int r = 0; r < R; r++) {
-        int r0 = r / rows * rows;
-        float m = 0.0f;
-        for (int rr = r0; rr < r0 + rows; rr++)
-            for (int w = w0; w < w0 + warps; w++) m = fmaxf(m, scratch[rr][w]);
-        amax[r] = m;
+        m[r] = 0.0f;
+        #pragma unroll
+        for (int rr = 0; rr < R; rr++) if (rr / rows == r / rows) m[r] = fmaxf(m[r], amax[rr]);
     }
+    #pragma unroll
+    for (int r = 0; r < R; r++) amax[r] = m[r];
+    if (B <= 128 * R) return;
+    int warp = threadIdx.x / 32, warps = B / (128 * R), w0 = warp / warps * warps;
+    __syncthreads();                                   // scratch may still be read by a former call
+    if (threadIdx.x % 32 == 0) scratch[warp] = amax[0];
+    __syncthreads();
+    float w = 0.0f;
+    for (int k = w0; k < w0 + warps; k++) w = fmaxf(w, scratch[k]);
+    #pragma unroll
+    for (int r = 0; r < R; r++) amax[r] = w;
 }
 
+// Rows per chunk for a block size: 2, or 4 for blocks of 4096 (a chunk holds whole blocks).
+static int bnb8_rows_for(int64_t blocksize) { return blocksize > 2 * BNB8_ROW ? 4 : 2; }
+
 // ------------------------------------------------------------------------------------------------
-// Block-wise quantization: a persistent grid over chunks of R rows (R = max(1, blocksize/1024)).
+// Block-wise quantization: a persistent grid over chunks.
 
 template <int R>
 __global__ void __launch_bounds__(BNB8_THREADS)
 bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int64_t blocksize,
                      uint8_t *q, float *absmax, unsigned long long *nonfinite) {
     __shared__ bnb8_codebook cb;
-    __shared__ float scratch[R][BNB8_WARPS];
+    __shared__ float scratch[BNB8_WARPS];
     bnb8_codebook_fill(&cb, code);
     int zero_code = bnb8_nearest_code(cb.t, 0.0f), shift = bnb8_log2(blocksize);
     bool vec = ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 3) == 0;
@@ -134,9 +155,9 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
     for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
         float v[R][4], amax[R];
         #pragma unroll
+        for (int r = 0; r < R; r++) bnb8_load4(x, dtype, chunk * R * BNB8_ROW + bnb8_offset<R>(r), n, vec, v[r]);
+        #pragma unroll
         for (int r = 0; r < R; r++) {
-            int64_t i = chunk * R * BNB8_ROW + (int64_t)r * BNB8_ROW + threadIdx.x * BNB8_V;
-            bnb8_load4(x, dtype, i, n, vec, v[r]);
             amax[r] = 0.0f;
             #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -147,7 +168,7 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
         bnb8_block_max<R>(amax, (int)blocksize, scratch);
         #pragma unroll
         for (int r = 0; r < R; r++) {
-            int64_t i = chunk * R * BNB8_ROW + (int64_t)r * BNB8_ROW + threadIdx.x * BNB8_V;
+            int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
             if (i < n && (i & (blocksize - 1)) == 0) absmax[i >> shift] = amax[r];
             uint8_t c[4];
             #pragma unroll
@@ -214,10 +235,9 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
     unsigned long long *count = (unsigned long long *)nonfinite;
     if (count && (status = bnb8_cuda_status(fn, cudaMemsetAsync(count, 0, sizeof *count, stream)))) return status;
     if (n == 0) return BNB8_OK;
-    int rows = blocksize > BNB8_ROW ? (int)(blocksize / BNB8_ROW) : 1;
+    int rows = bnb8_rows_for(blocksize);
     int64_t grid = bnb8_persistent_grid((n + (int64_t)rows * BNB8_ROW - 1) / ((int64_t)rows * BNB8_ROW), 8);
-    if (rows == 1) bnb8_quantize_kernel<1><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
-    else if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
+    if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
     else bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
     return bnb8_cuda_status(fn, cudaGetLastError());
 }
@@ -285,15 +305,14 @@ typedef struct {
     int norm_capacity;
     unsigned long long *nonfinite;
     int sms;
+    int update_per_sm[2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
 
-__device__ int bnb8_find_tensor(const bnb8_gpu_tensor *t, int count, int64_t chunk) {
-    int lo = 0, hi = count - 1;
-    while (lo < hi) {            // the last tensor whose first_chunk <= chunk
-        int mid = (lo + hi + 1) / 2;
-        if (t[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
-    }
-    return lo;
+// The tensor of a chunk: the last one whose first_chunk <= chunk. A block's chunks only grow, so
+// the search walks on from the block's previous tensor (ti, 0 at the start).
+__device__ int bnb8_find_tensor(const bnb8_gpu_tensor *t, int count, int64_t chunk, int ti) {
+    while (ti + 1 < count && t[ti + 1].first_chunk <= chunk) ti++;
+    return ti;
 }
 
 // Whether a tensor's arrays all allow vector accesses.
@@ -346,8 +365,9 @@ bnb8_norms_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, dou
     code[0][threadIdx.x] = h->code[0][threadIdx.x];
     code[1][threadIdx.x] = h->code[1][threadIdx.x];
     __syncthreads();
+    int ti = 0;
     for (int64_t chunk = blockIdx.x; chunk < h->total_chunks; chunk += gridDim.x) {
-        int ti = bnb8_find_tensor(tensors, h->count, chunk);
+        ti = bnb8_find_tensor(tensors, h->count, chunk, ti);
         const bnb8_gpu_tensor *t = &tensors[ti];
         if (mode == 0 ? t->percentile >= 100 : !bnb8_needs_trust(t)) continue;   // uniform over the block
         bool vec = bnb8_tensor_vec(t);
@@ -355,7 +375,7 @@ bnb8_norms_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, dou
         if (t->percentile < 100) args.gnorm_scale *= (float)norms[ti * BNB8_NORMS + 3];
         double a = 0.0, b = 0.0;
         for (int r = 0; r < R; r++) {
-            int64_t i = (chunk - t->first_chunk) * R * BNB8_ROW + (int64_t)r * BNB8_ROW + threadIdx.x * BNB8_V;
+            int64_t i = (chunk - t->first_chunk) * R * BNB8_ROW + bnb8_offset<R>(r);
             float g[4], p[4], s[3][4];
             bnb8_load4(t->grad, t->grad_dtype, i, t->n, vec, g);
             if (mode == 0) {
@@ -391,44 +411,53 @@ __global__ void bnb8_percentile_kernel(const bnb8_step_header *h, const bnb8_gpu
 
 // The update: per chunk, load p, g and the states of R rows of 4 elements per thread, update in
 // float32 with the shared math, store p; 8-bit states get their block's new absmax and are
-// requantized from the fresh values.
-template <int R>
-__global__ void __launch_bounds__(BNB8_THREADS, 4 / R + 1)
+// requantized from the fresh values. Shared memory (dynamic, above the 48 KB static limit): the
+// unsigned and signed codebooks, then both maps for dequantization.
+struct bnb8_update_smem {
+    bnb8_codebook books[2];
+    float code[2][256];
+    float scratch[BNB8_WARPS];
+};
+
+// KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
+// shared math's switch folds away.
+template <int R, int KIND>
+__global__ void __launch_bounds__(BNB8_THREADS, R == 2 ? 3 : 2)
 bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const double *norms,
                    unsigned long long *nonfinite) {
-    __shared__ float code[2][256];
-    __shared__ bnb8_codebook books[2];
-    __shared__ float scratch[R][BNB8_WARPS];
-    code[0][threadIdx.x] = h->code[0][threadIdx.x];
-    code[1][threadIdx.x] = h->code[1][threadIdx.x];
+    extern __shared__ __align__(16) unsigned char bnb8_smem[];
+    bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
+    for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
     __syncthreads();
-    bnb8_codebook_fill(&books[0], code[0]);
-    bnb8_codebook_fill(&books[1], code[1]);
-    const int zero_unsigned = bnb8_nearest_code(books[0].t, 0.0f), zero_signed = bnb8_nearest_code(books[1].t, 0.0f);
+    bnb8_codebook_fill(&sm.books[0], sm.code[0]);
+    bnb8_codebook_fill(&sm.books[1], sm.code[1]);
+    const int zero_unsigned = bnb8_nearest_code(sm.books[0].t, 0.0f), zero_signed = bnb8_nearest_code(sm.books[1].t, 0.0f);
     unsigned bad = 0;
+    int ti = 0;
     for (int64_t chunk = blockIdx.x; chunk < h->total_chunks; chunk += gridDim.x) {
-        int ti = bnb8_find_tensor(tensors, h->count, chunk);
+        ti = bnb8_find_tensor(tensors, h->count, chunk, ti);
         const bnb8_gpu_tensor *t = &tensors[ti];
-        int64_t n = t->n, first = (chunk - t->first_chunk) * R * BNB8_ROW + threadIdx.x * BNB8_V;
-        bool vec = bnb8_tensor_vec(t);
+        int64_t n = t->n, base = (chunk - t->first_chunk) * R * BNB8_ROW;
+        bool vec = bnb8_tensor_vec(t), full = base + R * BNB8_ROW <= n;   // full: no element past n
         bnb8_step_args args = t->args;
+        args.kind = KIND;
         if (t->percentile < 100) args.gnorm_scale *= (float)norms[ti * BNB8_NORMS + 3];
         float trust = bnb8_needs_trust(t)
             ? bnb8_trust_ratio(args.max_unorm, (float)norms[ti * BNB8_NORMS + 1], (float)norms[ti * BNB8_NORMS + 2]) : 1.0f;
         float p[R][4], g[R][4], s[R][3][4];
         #pragma unroll
         for (int r = 0; r < R; r++) {
-            int64_t i = first + (int64_t)r * BNB8_ROW;
+            int64_t i = base + bnb8_offset<R>(r);
             bnb8_load4(t->param, t->param_dtype, i, n, vec, p[r]);
             bnb8_load4(t->grad, t->grad_dtype, i, n, vec, g[r]);
-            bnb8_load_states4(t, code, i, vec, s[r]);
+            bnb8_load_states4(t, sm.code, i, vec, s[r]);
         }
         #pragma unroll
         for (int r = 0; r < R; r++) {
-            int64_t i = first + (int64_t)r * BNB8_ROW;
+            int64_t i = base + bnb8_offset<R>(r);
             #pragma unroll
             for (int j = 0; j < 4; j++) {
-                if (i + j >= n) continue;
+                if (!full && i + j >= n) continue;
                 if (!bnb8_isfinite(g[r][j])) { bad++; continue; }   // the element keeps p and its states
                 float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
                 float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
@@ -442,28 +471,28 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
             if (k >= args.nstates) break;
             if (!t->eight_bit) {
                 #pragma unroll
-                for (int r = 0; r < R; r++) bnb8_store4(t->state[k], BNB8_F32, first + (int64_t)r * BNB8_ROW, n, vec, s[r][k]);
+                for (int r = 0; r < R; r++) bnb8_store4(t->state[k], BNB8_F32, base + bnb8_offset<R>(r), n, vec, s[r][k]);
                 continue;
             }
             float amax[R];
             #pragma unroll
             for (int r = 0; r < R; r++) {
-                int64_t i = first + (int64_t)r * BNB8_ROW;
+                int64_t i = base + bnb8_offset<R>(r);
                 amax[r] = 0.0f;
                 #pragma unroll
-                for (int j = 0; j < 4; j++) if (i + j < n) amax[r] = fmaxf(amax[r], fabsf(s[r][k][j]));
+                for (int j = 0; j < 4; j++) if (full || i + j < n) amax[r] = fmaxf(amax[r], fabsf(s[r][k][j]));
             }
-            bnb8_block_max<R>(amax, t->blocksize, scratch);
+            bnb8_block_max<R>(amax, t->blocksize, sm.scratch);
             int is_signed = bnb8_state_signed(args.kind, k), shift = bnb8_log2(t->blocksize);
             int zero_code = is_signed ? zero_signed : zero_unsigned;
             #pragma unroll
             for (int r = 0; r < R; r++) {
-                int64_t i = first + (int64_t)r * BNB8_ROW;
+                int64_t i = base + bnb8_offset<R>(r);
                 if (i < n && (i & (t->blocksize - 1)) == 0) t->absmax[k][i >> shift] = amax[r];
                 uint8_t c[4];
                 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    c[j] = (uint8_t)(amax[r] > 0.0f ? bnb8_quantize_value(&books[is_signed], zero_code, s[r][k][j], amax[r])
+                    c[j] = (uint8_t)(amax[r] > 0.0f ? bnb8_quantize_value(&sm.books[is_signed], zero_code, s[r][k][j], amax[r])
                                                     : zero_code);
                 bnb8_store_codes4((uint8_t *)t->state[k], i, n, vec, c);
             }
@@ -529,6 +558,27 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
     return BNB8_OK;
 }
 
+// Launches the update kernel of kind KIND with as many blocks as fit at once (each block builds
+// its codebooks once); the first launch of each kernel sets its shared memory size.
+template <int KIND>
+static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, const bnb8_step_header *dh,
+                              const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+    const char *fn = "bnb8_optimizer_step";
+    const int smem = (int)sizeof(bnb8_update_smem);
+    int *per_sm = &c->update_per_sm[rows == 4][KIND], status = BNB8_OK;
+    void (*kernel)(const bnb8_step_header *, const bnb8_gpu_tensor *, const double *, unsigned long long *) =
+        rows == 2 ? bnb8_update_kernel<2, KIND> : bnb8_update_kernel<4, KIND>;
+    if (*per_sm == 0) {
+        status = bnb8_cuda_status(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        if (!status) status = bnb8_cuda_status(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, BNB8_THREADS, smem));
+        if (!status && *per_sm < 1) status = bnb8_fail(BNB8_ERR_CUDA, "%s: the update kernel does not fit on this GPU", fn);
+        if (status) { *per_sm = 0; return status; }
+    }
+    int64_t resident = (int64_t)c->sms * *per_sm, grid = chunks < resident ? chunks : resident;
+    kernel<<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite);
+    return bnb8_cuda_status(fn, cudaGetLastError());
+}
+
 extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                               const float code_unsigned[256], const float code_signed[256], cudaStream_t stream) {
     const char *fn = "bnb8_optimizer_step";
@@ -550,7 +600,7 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
     int rows = 2, need_percentile = 0, need_trust = 0;
     for (int i = 0; i < count; i++) {
-        if (tensors[i].eight_bit && tensors[i].blocksize > 2 * BNB8_ROW) rows = 4;
+        if (tensors[i].eight_bit && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         need_percentile |= tensors[i].percentile < 100;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
     }
@@ -578,8 +628,20 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
         if (rows == 2) bnb8_norms_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 1);
         else bnb8_norms_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 1);
     }
-    if (rows == 2) bnb8_update_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, c->nonfinite);
-    else bnb8_update_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, c->nonfinite);
+    int kind = tensors[0].args.kind;
+    switch (kind) {
+    case BNB8_ADAMW: status = bnb8_launch_update<BNB8_ADAMW>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADAM: status = bnb8_launch_update<BNB8_ADAM>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_SGD: status = bnb8_launch_update<BNB8_SGD>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_LION: status = bnb8_launch_update<BNB8_LION>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_RMSPROP: status = bnb8_launch_update<BNB8_RMSPROP>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADAGRAD: status = bnb8_launch_update<BNB8_ADAGRAD>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_LAMB: status = bnb8_launch_update<BNB8_LAMB>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_LARS: status = bnb8_launch_update<BNB8_LARS>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADEMAMIX: status = bnb8_launch_update<BNB8_ADEMAMIX>(c, rows, chunks, dh, dt, stream); break;
+    default: return bnb8_fail(BNB8_ERR_ARG, "%s: optimizer kind %d", fn, kind);
+    }
+    if (status) return status;
     return bnb8_cuda_status(fn, cudaGetLastError());
 }
 

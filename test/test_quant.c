@@ -363,15 +363,20 @@ static void test_quantile_map(void) {
 // ------------------------------------------------------------------------------------------------
 // 4. Nearest-code rule
 
+// Both the binary search and the table lookup (bnb8_nearest_code_fast) against brute force.
+static bnb8_codebook *check_book;
 static void check_nearest(const char *map, const float lib_t[256], const float t[255], float x) {
     int got = bnb8_nearest_code(lib_t, x), want = ref_nearest(t, x);
     EXPECT(got == want, "%s: nearest(%.9g = 0x%08x) = %d, brute force %d", map, (double)x, fbits(x), got, want);
+    int fast = bnb8_nearest_code_fast(check_book, x);
+    EXPECT(fast == want, "%s: nearest_code_fast(%.9g = 0x%08x) = %d, brute force %d", map, (double)x, fbits(x), fast, want);
 }
 
 static void test_nearest_code(void) {
     test_rng r = test_rng_new();
-    float maps[5][256];
-    const char *names[5] = {"dynamic signed", "dynamic unsigned", "linear signed", "linear unsigned", "quantile"};
+    float maps[6][256];
+    const char *names[6] = {"dynamic signed", "dynamic unsigned", "linear signed", "linear unsigned", "quantile",
+                            "clustered"};
     bnb8_map_dynamic(maps[0], 1);
     bnb8_map_dynamic(maps[1], 0);
     bnb8_map_linear(maps[2], 1);
@@ -384,9 +389,17 @@ static void test_nearest_code(void) {
         EXPECT(status == 0, "bnb8_map_quantile: status %d", status);
         free(x);
     }
-    for (int m = 0; m < 5; m++) {
+    // A map whose codes crowd into a few lookup buckets (and around 0 and 2^-24): the table's
+    // binary-search fallback must give the same function.
+    for (int k = 0; k < 256; k++)
+        maps[5][k] = k < 64 ? -1.0f + 0.01f * (float)k
+                   : k < 128 ? -0x1p-25f + 1e-9f * (float)(k - 64)
+                   : k < 192 ? 0.5f + 1e-6f * (float)(k - 128) : 0.75f + 0.001f * (float)(k - 192);
+    check_book = (bnb8_codebook *)xmalloc(sizeof *check_book);
+    for (int m = 0; m < 6; m++) {
         const float *c = maps[m];
         float t[255], lib_t[256];
+        bnb8_codebook_init(check_book, c);
         ref_thresholds(c, t);
         memset(lib_t, 0xAB, sizeof lib_t);
         bnb8_thresholds(c, lib_t);
@@ -424,9 +437,19 @@ static void test_nearest_code(void) {
             EXPECT(bnb8_nearest_code(lib_t, above[i]) == 255, "%s: nearest(%.9g) = %d, expected 255",
                    names[m], (double)above[i], bnb8_nearest_code(lib_t, above[i]));
         }
-        check_nearest(names[m], lib_t, t, 0.0f);
-        check_nearest(names[m], lib_t, t, -0.0f);
+        float special[] = {0.0f, -0.0f, NAN, -NAN, INFINITY, -INFINITY, 1.0f, -1.0f, 0x1p-24f, -0x1p-24f,
+                           0x1p-149f, -0x1p-149f, nextafterf(1.0f, 0.0f), nextafterf(-1.0f, 0.0f)};
+        for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++) check_nearest(names[m], lib_t, t, special[i]);
+        // Every float of a few bucket-sized stretches around thresholds (all 2^16 low bits).
+        for (int k = 0; k < 255; k += 37)
+            for (uint32_t low = 0; low < 0x10000u; low += 7) {
+                uint32_t bits = (fbits(t[k]) & ~0xffffu) | low;
+                float x;
+                memcpy(&x, &bits, 4);
+                check_nearest(names[m], lib_t, t, x);
+            }
     }
+    free(check_book);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ data made on the GPU (never zeros). Prints ms per 1e9 elements, GB/s and % of co
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <algorithm>
 #include <vector>
 
@@ -144,7 +145,11 @@ static void bench_optimizer(const char *what, bnb8_state_format format, const st
     cudaFree(g);
 }
 
-int main(void) {
+static const char *only;                     // argv[1]: run only the benchmarks whose name holds it
+static bool wanted(const char *name) { return !only || strstr(name, only); }
+
+int main(int argc, char **argv) {
+    only = argc > 1 ? argv[1] : NULL;
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
         printf("bnb8 bench: no CUDA GPU found; nothing was measured\n");
@@ -157,11 +162,12 @@ int main(void) {
     printf("| %-34s | %-12s | %8s | %7s | %6s | %6s | %-10s |\n", "kernel", "layout", "ms/1e9", "GB/s", "% copy", "floor", "target");
     printf("|%s|%s|%s|%s|%s|%s|%s|\n", "------------------------------------", "--------------", "----------",
            "---------", "--------", "--------", "------------");
-    bench_quantize();
+    if (wanted("quantize")) bench_quantize();
     std::vector<int64_t> one = {1ll << 28}, xl = gpt2_xl_sizes();
-    bench_optimizer("AdamW 8-bit, fp32 params + grads", BNB8_STATE_8BIT, one, "1 tensor", 16.0, "<= 6.0 ms");
-    bench_optimizer("AdamW 8-bit, fp32 params + grads", BNB8_STATE_8BIT, xl, "GPT-2 XL 580", 16.0, "<= 6.0 ms");
-    bench_optimizer("AdamW 32-bit, fp32", BNB8_STATE_32BIT, one, "1 tensor", 28.0, "<= 10.0 ms");
-    bench_optimizer("AdamW 32-bit, fp32", BNB8_STATE_32BIT, xl, "GPT-2 XL 580", 28.0, "<= 10.0 ms");
+    const char *adam8 = "AdamW 8-bit, fp32 params + grads", *adam32 = "AdamW 32-bit, fp32";
+    if (wanted(adam8)) bench_optimizer(adam8, BNB8_STATE_8BIT, one, "1 tensor", 16.0, "<= 6.0 ms");
+    if (wanted(adam8)) bench_optimizer(adam8, BNB8_STATE_8BIT, xl, "GPT-2 XL 580", 16.0, "<= 6.0 ms");
+    if (wanted(adam32)) bench_optimizer(adam32, BNB8_STATE_32BIT, one, "1 tensor", 28.0, "<= 10.0 ms");
+    if (wanted(adam32)) bench_optimizer(adam32, BNB8_STATE_32BIT, xl, "GPT-2 XL 580", 28.0, "<= 10.0 ms");
     return 0;
 }
