@@ -29,7 +29,7 @@ ifneq ($(NVCC),)
   endif
   CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
   NVCCFLAGS  ?= -O3
-  NVCCFLAGS  += -std=c++17 -fmad=false $(NVCC_ARCH) -Xcompiler -ffp-contract=off -I.
+  override NVCCFLAGS += -std=c++17 -fmad=false $(NVCC_ARCH) -Xcompiler -ffp-contract=off -I.
   CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart
   LIB_OBJS   := $(BUILD)/bnb8_gpu.o $(BUILD)/bnb8_cuda.o
 else
@@ -47,7 +47,7 @@ endif
 TEST_SRCS := $(wildcard test/test_*.c)
 HEADERS   := bnb8.h test/test.h
 
-.PHONY: all info test test-asan test-gpu bench bench-cpu clean
+.PHONY: all info test test-asan test-gpu test-gpu-sanitize bench bench-cpu clean
 all: info $(BUILD)/libbnb8.a
 
 info:
@@ -109,10 +109,21 @@ ifneq ($(NVCC),)
 test-gpu: info $(BUILD)/test_gpu
 	./$(BUILD)/test_gpu
 
+# The GPU tests under compute-sanitizer (memcheck, racecheck, synccheck), at the quick sizes.
+test-gpu-sanitize: info $(BUILD)/test_gpu
+	BNB8_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 1 ./$(BUILD)/test_gpu
+	BNB8_TEST_QUICK=1 compute-sanitizer --tool racecheck --error-exitcode 1 ./$(BUILD)/test_gpu
+	BNB8_TEST_QUICK=1 compute-sanitizer --tool synccheck --error-exitcode 1 ./$(BUILD)/test_gpu
+
+# bnb8's kernels, then the peers in the same call when PyTorch is there (bitsandbytes and
+# flashoptim from .whl/site when carried: dev/bench/peers/README.md).
 bench: info $(BUILD)/bench_gpu
 	./$(BUILD)/bench_gpu
+	@if python3 -c "import torch" 2>/dev/null; then \
+	    PYTHONPATH=$(CURDIR)/.whl/site$${PYTHONPATH:+:$$PYTHONPATH} python3 dev/bench/peers/bench_peers.py; \
+	else echo "bnb8: peers not timed (no python3 with torch)"; fi
 else
-test-gpu bench:
+test-gpu test-gpu-sanitize bench:
 	@echo "bnb8: $@ needs the CUDA toolkit (nvcc) and an NVIDIA GPU; nvcc was not found" && exit 1
 endif
 

@@ -96,8 +96,14 @@ static void quantize_parity(bnb8_dtype dtype, int64_t n, int64_t blocksize, cons
     cudaFree(dx); cudaFree(dq); cudaFree(da); cudaFree(dout); cudaFree(dcode); cudaFree(dbad);
 }
 
+// BNB8_TEST_QUICK=1 (for compute-sanitizer, ~100x slower): a smaller largest size, 5 steps, and no
+// tensor above 2^31.
+static bool quick;
+static int64_t largest(void) { return quick ? 70001 : 1000003; }
+static int steps(int full) { return quick ? 5 : full; }
+
 static void test_quantize_parity(void) {
-    const int64_t sizes[] = {1, 255, 257, 4097, 1000003};
+    const int64_t sizes[] = {1, 255, 257, 4097, largest()};
     float maps[3][256];
     bnb8_map_dynamic(maps[0], 1);
     bnb8_map_dynamic(maps[1], 0);
@@ -110,6 +116,7 @@ static void test_quantize_parity(void) {
 
 // One tensor above 2^31 elements (bf16, 4.3 GB): every code and absmax equal to the CPU's.
 static void test_quantize_above_2g(void) {
+    if (quick) { printf("    skipped (BNB8_TEST_QUICK)\n"); return; }
     int64_t n = (1ll << 31) + 4097, blocksize = 4096, nblocks = (n + blocksize - 1) / blocksize;
     std::vector<uint16_t> x(n);
     #pragma omp parallel for
@@ -245,7 +252,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
 }
 
 static void test_optimizer_parity(void) {
-    std::vector<int64_t> sizes = {1, 255, 257, 4097, 1000003};
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     const bnb8_dtype dtypes[3] = {BNB8_F32, BNB8_BF16, BNB8_F16};
     for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++)
         for (int format = 0; format < 2; format++)
@@ -258,7 +265,7 @@ static void test_optimizer_parity(void) {
                 if (kind == BNB8_ADEMAMIX) { cfg.t_alpha = 50; cfg.t_beta3 = 50; }
                 bnb8_dtype gdtype = d == 0 ? BNB8_F32 : (d == 1 ? BNB8_BF16 : BNB8_F32);
                 int equal = 0;
-                double worst = optimizer_parity((bnb8_optim)kind, cfg, dtypes[d], gdtype, sizes, 100, &equal, "t3");
+                double worst = optimizer_parity((bnb8_optim)kind, cfg, dtypes[d], gdtype, sizes, steps(100), &equal, "t3");
                 int norm_based = kind == BNB8_LAMB || kind == BNB8_LARS;
                 printf("    %-9s %s p %-4s: %s\n", optimizer_names[kind], format ? "8-bit " : "32-bit",
                        d == 0 ? "f32" : d == 1 ? "bf16" : "f16", worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
@@ -270,19 +277,19 @@ static void test_optimizer_parity(void) {
 
 // Block sizes, percentile clipping, and a GPT-2-like list of 148 tensors in one launch.
 static void test_optimizer_options(void) {
-    std::vector<int64_t> sizes = {1, 255, 257, 4097, 1000003};
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     for (int64_t bs = 64; bs <= 4096; bs *= 2) {
         bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
         cfg.blocksize = bs;
         cfg.min_8bit_size = 0;
         int equal = 0;
-        double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, 30, &equal, NULL);
+        double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, steps(30), &equal, NULL);
         EXPECT(worst == 0.0 && equal, "AdamW 8-bit block %lld differs (%g)", (long long)bs, worst);
     }
     bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
     cfg.percentile_clipping = 5;
     int equal = 0;
-    double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, 100, &equal, NULL);
+    double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, steps(100), &equal, NULL);
     printf("    percentile clipping: %s (max rel diff %g)\n", worst == 0.0 && equal ? "bit-identical" : "differs", worst);
     EXPECT(worst <= 1e-5, "percentile clipping: max relative parameter difference %g > 1e-5", worst);
     // GPT-2 d12's 148 tensors at a small width: wte, wpe, 12 x 12 per layer, ln_f w and b.
@@ -313,6 +320,7 @@ int main(void) {
     }
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    quick = getenv("BNB8_TEST_QUICK") != NULL;
     const char *seed = getenv("TEST_SEED");
     rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
     printf("bnb8 GPU tests on %s, TEST_SEED=%llu\n", prop.name, (unsigned long long)rng_state);
