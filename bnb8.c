@@ -681,6 +681,7 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
                                 float gnorm_scale, struct CUstream_st *stream) {
     const char *fn = "bnb8_optimizer_step";
     if (!opt || (count > 0 && !ids)) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or ids is NULL", fn);
+    if (count < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: count %d < 0", fn, count);
     if (!bnb8_isfinite(lr) || !bnb8_isfinite(gnorm_scale))
         return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g, gnorm_scale %g", fn, (double)lr, (double)gnorm_scale);
     int gpu_tensors = 0;

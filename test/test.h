@@ -8,6 +8,7 @@ tests, and a seeded random generator (fresh seed each run, printed; TEST_SEED=n 
 #include <stdint.h>
 #include <stdio.h>
 #include <math.h>
+#include <stddef.h>
 
 // Inside a test: record a failure (the first few of each test are printed) if cond is false.
 #define EXPECT(cond, ...) do { if (!(cond)) test_failure(__FILE__, __LINE__, __VA_ARGS__); } while (0)
@@ -30,6 +31,10 @@ double test_randn(test_rng *r);
 void test_run(const char *name, void (*fn)(void));
 void tests_quant(void);
 void tests_optim(void);
+void tests_state(void);
 
+
+// The whole file at path (plus a terminating zero, for text) and its size; NULL if unreadable.
+uint8_t *test_slurp(const char *path, size_t *size);
 
 #endif

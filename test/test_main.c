@@ -61,7 +61,23 @@ int main(void) {
     printf("bnb8 CPU tests, TEST_SEED=%llu\n", (unsigned long long)run_seed);
     tests_quant();
     tests_optim();
+    tests_state();
 
     printf("%lld passed, %lld failed\n", (long long)tests_passed, (long long)tests_failed);
     return tests_failed ? 1 : 0;
+}
+
+uint8_t *test_slurp(const char *path, size_t *size) {
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *data = malloc(len > 0 ? (size_t)len + 1 : 1);
+    if (data && len > 0 && fread(data, 1, (size_t)len, f) != (size_t)len) len = 0;
+    if (data) data[len > 0 ? len : 0] = 0;
+    fclose(f);
+    *size = len > 0 ? (size_t)len : 0;
+    return data;
 }

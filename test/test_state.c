@@ -1,0 +1,642 @@
+/*
+test_state.c — the optimizer object around the math (SPEC §5.1, §5.5, §7, §9, §11): state files
+(save -> load -> continue is byte-identical to never stopping; every corrupted or mismatched file is
+refused with a status and a message naming it, and leaves the optimizer as it was; atomic writes),
+the file size and memory accounting of 8-bit states, min_8bit_size, and API misuse.
+
+The state file layout is written here from bnb8.c's description (little-endian):
+  header  "BNB8OPT\0", u32 version, u32 kind, u32 tensor count, u32 CRC-32 of those 20 bytes
+  record  u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
+          u64 bytes, the state memory (bytes), u32 CRC-32 of the record
+The CRC-32 (IEEE, reflected 0xEDB88320) is computed here bit by bit, to forge files whose only
+fault is the one under test. BNB8_TEST_VERBOSE=1 prints the loader's messages and the sizes.
+*/
+#define _POSIX_C_SOURCE 200809L   // mkdtemp
+#include "test.h"
+#include "bnb8.h"
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+static int verbose;
+static char dir[64];
+
+static const char *path_in(char *path, size_t size, const char *name) {
+    snprintf(path, size, "%s/%s", dir, name);
+    return path;
+}
+
+static void spit(const char *path, const void *data, size_t size) {
+    FILE *f = fopen(path, "wb");
+    EXPECT(f && (size == 0 || fwrite(data, 1, size, f) == size), "cannot write %s", path);
+    if (f) fclose(f);
+}
+
+static int files_equal(const char *a, const char *b) {
+    size_t na, nb;
+    uint8_t *x = test_slurp(a, &na), *y = test_slurp(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x); free(y);
+    return same;
+}
+
+static int exists(const char *path) { struct stat st; return stat(path, &st) == 0; }
+
+static uint32_t crc32_bits(const uint8_t *p, size_t len) {
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < len; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+// Byte offsets of one tensor record.
+typedef struct {
+    size_t start;                // the name length
+    size_t fields;               // n; format at +8, states +12, block size +16, step +24, bytes +32
+    size_t data, crc, end;
+    uint64_t bytes;
+} record;
+
+// Parses the records of a state file; returns how many, -1 if malformed.
+static int parse_records(const uint8_t *f, size_t size, record *r, int max) {
+    if (size < 24 || memcmp(f, "BNB8OPT", 8) != 0) return -1;
+    int count = (int)get32(f + 16);
+    size_t at = 24;
+    for (int i = 0; i < count; i++) {
+        if (i >= max || at + 4 > size) return -1;
+        r[i].start = at;
+        r[i].fields = at + 4 + get32(f + at);
+        if (r[i].fields + 40 > size) return -1;
+        r[i].bytes = get64(f + r[i].fields + 32);
+        r[i].data = r[i].fields + 40;
+        if (r[i].bytes > size || r[i].data + r[i].bytes + 4 > size) return -1;
+        r[i].crc = r[i].data + (size_t)r[i].bytes;
+        r[i].end = at = r[i].crc + 4;
+    }
+    return at == size ? count : -1;
+}
+
+// The CRCs of a forged file made right again, so that only the forged field is wrong.
+static void fix_crcs(uint8_t *f, size_t size) {
+    put32(f + 20, crc32_bits(f, 20));
+    record r[8];
+    int count = parse_records(f, size, r, 8);
+    for (int i = 0; i < count; i++) put32(f + r[i].crc, crc32_bits(f + r[i].start, r[i].crc - r[i].start));
+}
+
+// A set of tensors registered with an optimizer: params 0.1 randn, gradients 0.01 randn.
+typedef struct { const char *name; int64_t n; bnb8_dtype pdt, gdt; } tensor_spec;
+typedef struct {
+    bnb8_optimizer *opt;
+    int count;
+    tensor_spec spec[8];
+    void *p[8], *g[8];
+} model;
+
+static int model_new(model *m, bnb8_optim kind, const bnb8_config *c, const tensor_spec *spec, int count, test_rng *rng) {
+    memset(m, 0, sizeof *m);
+    int status = bnb8_optimizer_create(&m->opt, kind, c);
+    EXPECT(status == 0, "create: %s", bnb8_last_error());
+    if (status) return 0;
+    m->count = count;
+    for (int j = 0; j < count; j++) {
+        m->spec[j] = spec[j];
+        m->p[j] = malloc(bnb8_dtype_size(spec[j].pdt) * (size_t)spec[j].n);
+        m->g[j] = calloc((size_t)spec[j].n, bnb8_dtype_size(spec[j].gdt));
+        for (int64_t i = 0; i < spec[j].n; i++) bnb8_store(m->p[j], spec[j].pdt, i, (float)(0.1 * test_randn(rng)));
+        status = bnb8_optimizer_add(m->opt, spec[j].name, m->p[j], spec[j].pdt, m->g[j], spec[j].gdt, spec[j].n, NULL);
+        EXPECT(status == 0, "add %s: %s", spec[j].name, bnb8_last_error());
+    }
+    return status == 0;
+}
+
+static void model_grads(model *m, test_rng *rng) {
+    for (int j = 0; j < m->count; j++)
+        for (int64_t i = 0; i < m->spec[j].n; i++) bnb8_store(m->g[j], m->spec[j].gdt, i, (float)(0.01 * test_randn(rng)));
+}
+
+static void model_steps(model *m, int steps, float lr, test_rng *rng) {
+    for (int s = 0; s < steps; s++) {
+        model_grads(m, rng);
+        EXPECT(bnb8_optimizer_step(m->opt, lr * (1.0f - 0.05f * (float)s), 1.0f, NULL) == 0, "step: %s", bnb8_last_error());
+    }
+}
+
+static int params_equal(const model *a, const model *b) {
+    for (int j = 0; j < a->count; j++)
+        if (memcmp(a->p[j], b->p[j], bnb8_dtype_size(a->spec[j].pdt) * (size_t)a->spec[j].n) != 0) return 0;
+    return 1;
+}
+
+static void model_free(model *m) {
+    for (int j = 0; j < m->count; j++) { free(m->p[j]); free(m->g[j]); }
+    bnb8_optimizer_free(m->opt);
+    memset(m, 0, sizeof *m);
+}
+
+// Saves and checks that the atomic write left no temporary file behind.
+static int save_checked(bnb8_optimizer *opt, const char *path) {
+    int status = bnb8_optimizer_save(opt, path);
+    EXPECT(status == 0, "save %s: %s", path, bnb8_last_error());
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    EXPECT(!exists(tmp), "save left %s behind", tmp);
+    return status;
+}
+
+static const char *kind_names[BNB8_NUM_OPTIMIZERS] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop", "Adagrad",
+                                                       "LAMB", "LARS", "AdEMAMix"};
+
+// A failed call must replace this message with its own.
+static void arm_error(void) { bnb8_fail(BNB8_ERR_ARG, "sentinel"); }
+static int error_replaced(void) {
+    const char *e = bnb8_last_error();
+    return e && e[0] != 0 && strncmp(e, "sentinel", 8) != 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// 1. Save -> load -> continue equals never stopping, byte for byte
+
+// For every optimizer, 8-bit and 32-bit: A runs 3 steps, saves, runs 3 more and saves; B starts from
+// A's parameters at the save, loads the file, runs the same 3 steps (the same gradients, the same lr
+// schedule) and saves. B's parameters and final file must equal A's, byte for byte, and B's file
+// right after the load must equal the file it loaded. The tensors mix dtypes, and with
+// min_8bit_size 1000 the 8-bit runs hold a 32-bit tensor too; percentile clipping puts the gradient
+// norm history into the file. A control C, which skips the load, must end elsewhere (else the
+// comparison could not see a load that does nothing).
+static void test_resume(void) {
+    const tensor_spec spec[3] = {{"wte", 5000, BNB8_F32, BNB8_F32}, {"ln", 300, BNB8_BF16, BNB8_BF16},
+                                 {"h.0", 2100, BNB8_F16, BNB8_F32}};
+    char mid_a[256], end_a[256], mid_b[256], end_b[256], end_c[256];
+    path_in(mid_a, sizeof mid_a, "mid_a.bin"); path_in(end_a, sizeof end_a, "end_a.bin");
+    path_in(mid_b, sizeof mid_b, "mid_b.bin"); path_in(end_b, sizeof end_b, "end_b.bin");
+    path_in(end_c, sizeof end_c, "end_c.bin");
+    for (int format = 0; format < 2; format++)
+        for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++) {
+            bnb8_config c = bnb8_config_default((bnb8_optim)kind);
+            c.format = (bnb8_state_format)format;
+            c.min_8bit_size = 1000;
+            c.percentile_clipping = 50;
+            c.weight_decay = 0.05f;
+            test_rng rng = test_rng_new();
+            model A, B, C;
+            if (!model_new(&A, (bnb8_optim)kind, &c, spec, 3, &rng)) return;
+            model_steps(&A, 3, c.lr, &rng);
+            save_checked(A.opt, mid_a);
+            if (!model_new(&B, (bnb8_optim)kind, &c, spec, 3, &rng) || !model_new(&C, (bnb8_optim)kind, &c, spec, 3, &rng)) return;
+            for (int j = 0; j < 3; j++) {
+                size_t bytes = bnb8_dtype_size(spec[j].pdt) * (size_t)spec[j].n;
+                memcpy(B.p[j], A.p[j], bytes);
+                memcpy(C.p[j], A.p[j], bytes);
+            }
+            test_rng again = rng, control = rng;   // the same gradients for A's, B's and C's last steps
+            model_steps(&A, 3, c.lr, &rng);
+            save_checked(A.opt, end_a);
+            int status = bnb8_optimizer_load(B.opt, mid_a);
+            EXPECT(status == 0, "%s: load: %s", kind_names[kind], bnb8_last_error());
+            for (int j = 0; j < 3; j++)
+                EXPECT(bnb8_optimizer_steps(B.opt, j) == 3, "%s: %lld steps after the load, expected 3",
+                       kind_names[kind], (long long)bnb8_optimizer_steps(B.opt, j));
+            save_checked(B.opt, mid_b);
+            EXPECT(files_equal(mid_a, mid_b), "%s %s: the loaded optimizer saves a different file", kind_names[kind],
+                   format ? "8-bit" : "32-bit");
+            model_steps(&B, 3, c.lr, &again);
+            save_checked(B.opt, end_b);
+            EXPECT(params_equal(&A, &B), "%s %s: parameters after resuming differ from the run that never stopped",
+                   kind_names[kind], format ? "8-bit" : "32-bit");
+            EXPECT(files_equal(end_a, end_b), "%s %s: states after resuming differ from the run that never stopped",
+                   kind_names[kind], format ? "8-bit" : "32-bit");
+            model_steps(&C, 3, c.lr, &control);
+            save_checked(C.opt, end_c);
+            EXPECT(!files_equal(end_a, end_c) && !params_equal(&A, &C), "%s: the control without a load ended in the "
+                   "same place: the comparison cannot see a load", kind_names[kind]);
+            model_free(&A); model_free(&B); model_free(&C);
+        }
+    remove(mid_a); remove(end_a); remove(mid_b); remove(end_b); remove(end_c);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 2. Corrupted and mismatched files are refused; the optimizer stays as it was
+
+static const char *before_path(void) { static char p[256]; return path_in(p, sizeof p, "before.bin"); }
+
+// Loads path into opt and expects status want (-1: any failure), a message that names the file, and
+// the optimizer byte for byte as it was (its saved file equals before_path()).
+static void expect_refused(bnb8_optimizer *opt, const char *path, int want, const char *what) {
+    char after[256];
+    path_in(after, sizeof after, "after.bin");
+    arm_error();
+    int status = bnb8_optimizer_load(opt, path);
+    const char *msg = bnb8_last_error();
+    EXPECT(status != 0 && (want < 0 || status == want), "%s: load returned %d, expected %d (%s)", what, status, want, msg);
+    EXPECT(error_replaced() && strstr(msg, path) != NULL, "%s: the message '%s' does not name the file", what, msg);
+    EXPECT(status == 0 || bnb8_strerror(status)[0] != 0, "%s: no text for status %d", what, status);
+    if (verbose) printf("    %-34s %d: %s\n", what, status, msg);
+    EXPECT(bnb8_optimizer_save(opt, after) == 0, "%s: save after the failed load: %s", what, bnb8_last_error());
+    EXPECT(files_equal(before_path(), after), "%s: the failed load changed the optimizer", what);
+    remove(after);
+}
+
+// A file of another optimizer: kind, configuration and tensors as given, one step taken.
+static void other_file(bnb8_optim kind, const bnb8_config *c, const tensor_spec *spec, int count, const char *path) {
+    test_rng rng = test_rng_new();
+    model m;
+    if (!model_new(&m, kind, c, spec, count, &rng)) return;
+    model_steps(&m, 1, c->lr, &rng);
+    save_checked(m.opt, path);
+    model_free(&m);
+}
+
+// One forged copy of the valid file: bytes [0, keep) with an edit, optionally the CRCs made right.
+static void forge(const uint8_t *valid, size_t size, size_t keep, size_t at, int width, uint64_t value,
+                  int xor_, int fix, const char *path) {
+    uint8_t *f = malloc(size + 128);
+    memcpy(f, valid, size);
+    memset(f + size, 0x5a, 128);
+    if (width == 1) f[at] = (uint8_t)(xor_ ? f[at] ^ value : value);
+    if (width == 4) put32(f + at, xor_ ? get32(f + at) ^ (uint32_t)value : (uint32_t)value);
+    if (width == 8) put64(f + at, xor_ ? get64(f + at) ^ value : value);
+    if (fix) fix_crcs(f, keep);
+    spit(path, f, keep);
+    free(f);
+}
+
+static void test_corrupt_files(void) {
+    const tensor_spec spec[2] = {{"a", 5000, BNB8_F32, BNB8_F32}, {"b", 300, BNB8_F32, BNB8_F32}};
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);   // 8-bit; "b" is under min_8bit_size: 32-bit
+    char valid[256], bad[256];
+    path_in(valid, sizeof valid, "valid.bin");
+    path_in(bad, sizeof bad, "bad.bin");
+    test_rng rng = test_rng_new();
+    model m;
+    if (!model_new(&m, BNB8_ADAMW, &c, spec, 2, &rng)) return;
+    model_steps(&m, 2, c.lr, &rng);
+    save_checked(m.opt, valid);
+    model_steps(&m, 1, c.lr, &rng);        // the optimizer now differs from the valid file
+    save_checked(m.opt, before_path());
+    size_t size;
+    uint8_t *v = test_slurp(valid, &size);
+    record r[2];
+    int count = v ? parse_records(v, size, r, 2) : -1;
+    EXPECT(count == 2, "the valid file does not parse as the documented layout");
+    if (count != 2) { free(v); model_free(&m); return; }
+    EXPECT(crc32_bits(v, 20) == get32(v + 20) && crc32_bits(v + r[0].start, r[0].crc - r[0].start) == get32(v + r[0].crc),
+           "the file's CRCs are not CRC-32 (IEEE) of the header and of the record");
+    EXPECT(get32(v + r[0].fields + 8) == BNB8_STATE_8BIT && get32(v + r[1].fields + 8) == BNB8_STATE_32BIT,
+           "formats in the file: %u %u", get32(v + r[0].fields + 8), get32(v + r[1].fields + 8));
+    const int F = BNB8_ERR_FORMAT;
+
+    // The header.
+    forge(v, size, size, 0, 1, 0x20, 1, 0, bad); expect_refused(m.opt, bad, F, "bad magic");
+    forge(v, size, size, 8, 4, 2, 0, 1, bad); expect_refused(m.opt, bad, F, "version 2 (CRC made right)");
+    forge(v, size, size, 8, 4, 0, 0, 1, bad); expect_refused(m.opt, bad, F, "version 0 (CRC made right)");
+    forge(v, size, size, 12, 4, BNB8_ADAM, 0, 1, bad); expect_refused(m.opt, bad, F, "kind Adam (CRC made right)");
+    forge(v, size, size, 12, 4, 77, 0, 1, bad); expect_refused(m.opt, bad, F, "kind 77 (CRC made right)");
+    forge(v, size, size, 16, 4, 1, 0, 1, bad); expect_refused(m.opt, bad, F, "count 1 (CRC made right)");
+    forge(v, size, size, 16, 4, 3, 0, 1, bad); expect_refused(m.opt, bad, F, "count 3 (CRC made right)");
+    forge(v, size, size, 16, 4, 0xffffffffu, 0, 1, bad); expect_refused(m.opt, bad, F, "count 2^32-1 (CRC made right)");
+    forge(v, size, size, 13, 1, 0x01, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit in the header");
+    forge(v, size, size, 21, 1, 0x80, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit in the header CRC");
+    // The records: flipped bytes (CRC), then forged fields with the CRC made right.
+    forge(v, size, size, r[0].start + 4, 1, 0x01, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit in a name");
+    forge(v, size, size, r[0].fields + 24, 1, 0x01, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit in a step count");
+    forge(v, size, size, r[0].data + r[0].bytes / 2, 1, 0x10, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit in 8-bit states");
+    forge(v, size, size, r[1].crc - 1, 1, 0x04, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit, last state byte");
+    forge(v, size, size, r[1].crc, 1, 0x01, 1, 0, bad); expect_refused(m.opt, bad, F, "flipped bit in a record CRC");
+    forge(v, size, size, r[0].start + 4, 1, 'z', 0, 1, bad); expect_refused(m.opt, bad, F, "wrong name (CRC made right)");
+    forge(v, size, size, r[0].fields, 8, 5001, 0, 1, bad); expect_refused(m.opt, bad, F, "wrong n (CRC made right)");
+    forge(v, size, size, r[0].fields + 8, 4, BNB8_STATE_32BIT, 0, 1, bad); expect_refused(m.opt, bad, F, "wrong format (CRC made right)");
+    forge(v, size, size, r[0].fields + 12, 4, 3, 0, 1, bad); expect_refused(m.opt, bad, F, "wrong state count (CRC made right)");
+    forge(v, size, size, r[0].fields + 16, 8, 128, 0, 1, bad); expect_refused(m.opt, bad, F, "wrong block size (CRC made right)");
+    forge(v, size, size, r[0].fields + 24, 8, (uint64_t)-1, 0, 1, bad); expect_refused(m.opt, bad, F, "step -1 (CRC made right)");
+    forge(v, size, size, r[0].start, 4, 0xffffffffu, 0, 0, bad); expect_refused(m.opt, bad, F, "name length 2^32-1");
+    forge(v, size, size, r[0].start, 4, 2, 0, 0, bad); expect_refused(m.opt, bad, F, "name length 2");
+    forge(v, size, size, r[0].fields + 32, 8, 1ull << 60, 0, 0, bad); expect_refused(m.opt, bad, F, "record of 2^60 bytes");
+    // Truncated at several offsets, and with bytes after the end.
+    const size_t cuts[] = {0, 4, 8, 20, 23, 24, 25, r[0].fields + 3, r[0].data, r[0].data + r[0].bytes / 2,
+                           r[0].crc + 2, r[0].end, r[1].start + 2, r[1].data + 5, size - 4, size - 1};
+    for (size_t k = 0; k < sizeof cuts / sizeof cuts[0]; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "truncated to %zu of %zu bytes", cuts[k], size);
+        forge(v, size, cuts[k], 0, 0, 0, 0, 0, bad);
+        expect_refused(m.opt, bad, F, what);
+    }
+    forge(v, size, size + 1, 0, 0, 0, 0, 0, bad); expect_refused(m.opt, bad, F, "one byte after the end");
+    forge(v, size, size + 100, 0, 0, 0, 0, 0, bad); expect_refused(m.opt, bad, F, "100 bytes after the end");
+    // Files of other optimizers: each differs from m in one respect.
+    const tensor_spec renamed[2] = {{"a", 5000, BNB8_F32, BNB8_F32}, {"c", 300, BNB8_F32, BNB8_F32}};
+    const tensor_spec resized[2] = {{"a", 5001, BNB8_F32, BNB8_F32}, {"b", 300, BNB8_F32, BNB8_F32}};
+    const tensor_spec three[3] = {{"a", 5000, BNB8_F32, BNB8_F32}, {"b", 300, BNB8_F32, BNB8_F32}, {"c", 10, BNB8_F32, BNB8_F32}};
+    bnb8_config c32 = c, cblock = c, cmin = c, cmom = bnb8_config_default(BNB8_SGD), cnomom = cmom;
+    c32.format = BNB8_STATE_32BIT;
+    cblock.blocksize = 128;
+    cmin.min_8bit_size = 0;                // "b" becomes 8-bit
+    cnomom.momentum = 0.0f;                // SGD without momentum has no state at all
+    other_file(BNB8_ADAMW, &c, renamed, 2, bad); expect_refused(m.opt, bad, F, "another optimizer: tensor name");
+    other_file(BNB8_ADAMW, &c, resized, 2, bad); expect_refused(m.opt, bad, F, "another optimizer: tensor size");
+    other_file(BNB8_ADAMW, &c32, spec, 2, bad); expect_refused(m.opt, bad, F, "another optimizer: 32-bit format");
+    other_file(BNB8_ADAMW, &cmin, spec, 2, bad); expect_refused(m.opt, bad, F, "another optimizer: min_8bit_size 0");
+    other_file(BNB8_ADAMW, &cblock, spec, 2, bad); expect_refused(m.opt, bad, F, "another optimizer: block size 128");
+    other_file(BNB8_ADAM, &c, spec, 2, bad); expect_refused(m.opt, bad, F, "another optimizer: kind Adam");
+    other_file(BNB8_ADAMW, &c, spec, 1, bad); expect_refused(m.opt, bad, F, "another optimizer: 1 tensor");
+    other_file(BNB8_ADAMW, &c, three, 3, bad); expect_refused(m.opt, bad, F, "another optimizer: 3 tensors");
+    // SGD: momentum on against a file without it (0 states, empty records).
+    model s;
+    if (model_new(&s, BNB8_SGD, &cmom, spec, 2, &rng)) {
+        model_steps(&s, 1, cmom.lr, &rng);
+        save_checked(s.opt, before_path());
+        other_file(BNB8_SGD, &cnomom, spec, 2, bad); expect_refused(s.opt, bad, F, "SGD file without momentum");
+        model_free(&s);
+        save_checked(m.opt, before_path());
+    }
+    // Not there, or not a file.
+    remove(bad);
+    path_in(bad, sizeof bad, "missing.bin");
+    remove(bad);
+    expect_refused(m.opt, bad, BNB8_ERR_IO, "missing file");
+    expect_refused(m.opt, dir, -1, "a directory");
+    // The valid file still loads (the refusals above were about the faults), and the state it gives
+    // saves as the same bytes.
+    int status = bnb8_optimizer_load(m.opt, valid);
+    EXPECT(status == 0, "the valid file no longer loads: %s", bnb8_last_error());
+    save_checked(m.opt, bad);
+    EXPECT(files_equal(valid, bad), "load then save does not give the loaded file back");
+    EXPECT(bnb8_optimizer_steps(m.opt, 0) == 2 && bnb8_optimizer_steps(m.opt, 1) == 2, "step counts after the load: %lld %lld",
+           (long long)bnb8_optimizer_steps(m.opt, 0), (long long)bnb8_optimizer_steps(m.opt, 1));
+    free(v);
+    remove(valid); remove(bad); remove(before_path());
+    model_free(&m);
+}
+
+// The write is atomic: path.tmp, then a rename. A save that cannot write its temporary file fails
+// with a message and leaves the previous file under the real name intact; a save into a missing
+// folder fails; a successful save replaces the file and leaves no .tmp behind.
+static void test_atomic_save(void) {
+    const tensor_spec spec[1] = {{"w", 5000, BNB8_F32, BNB8_F32}};
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+    char path[256], tmp[300], copy[256], nowhere[300];
+    path_in(path, sizeof path, "atomic.bin");
+    path_in(copy, sizeof copy, "atomic_copy.bin");
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(nowhere, sizeof nowhere, "%s/no/such/folder/state.bin", dir);
+    test_rng rng = test_rng_new();
+    model m;
+    if (!model_new(&m, BNB8_ADAMW, &c, spec, 1, &rng)) return;
+    model_steps(&m, 1, c.lr, &rng);
+    save_checked(m.opt, path);
+    size_t size;
+    uint8_t *first = test_slurp(path, &size);
+    spit(copy, first, size);
+    model_steps(&m, 1, c.lr, &rng);
+    EXPECT(mkdir(tmp, 0700) == 0, "cannot make %s", tmp);   // the temporary file cannot be created
+    arm_error();
+    int status = bnb8_optimizer_save(m.opt, path);
+    EXPECT(status == BNB8_ERR_IO && error_replaced() && strstr(bnb8_last_error(), tmp), "save with %s blocked: status %d, '%s'",
+           tmp, status, bnb8_last_error());
+    EXPECT(files_equal(path, copy), "a failed save changed the file under the real name");
+    rmdir(tmp);
+    arm_error();
+    status = bnb8_optimizer_save(m.opt, nowhere);
+    EXPECT(status == BNB8_ERR_IO && error_replaced(), "save into a missing folder: status %d, '%s'", status, bnb8_last_error());
+    save_checked(m.opt, path);
+    EXPECT(!files_equal(path, copy), "a second save did not replace the file");
+    free(first);
+    remove(path); remove(copy);
+    model_free(&m);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 3. Memory: file size, bnb8_optimizer_memory, min_8bit_size (SPEC §5.1)
+
+// Bytes of a tensor's states by SPEC §5.1: per state n floats (32-bit) or n codes + an absmax per
+// block (8-bit), plus the 100-float norm history when percentile clipping is on.
+static double expect_state_bytes(int64_t n, int nstates, int eight_bit, int64_t blocksize) {
+    if (!eight_bit) return 4.0 * (double)n * nstates;
+    return (double)nstates * ((double)n + 4.0 * (double)((n + blocksize - 1) / blocksize));
+}
+
+// An 8-bit AdamW state file of a 2^20-element tensor, block 256: 2 + 8/256 = 2.03125 bytes per
+// parameter plus a header of 24 + 4 + name + 40 + 4 bytes; bnb8_optimizer_memory gives states /
+// params = 2.03125 (8-bit) and 8 (32-bit), and with f32 params and grads 4 + 4 + 2.03125 =
+// 10.03125 persistent bytes per parameter (6.03125 under gradient release; bf16: 6.03125).
+static void test_memory_and_file_size(void) {
+    const int64_t n = 1 << 20;
+    char path[256];
+    path_in(path, sizeof path, "size.bin");
+    for (int format = 0; format < 2; format++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+            c.format = (bnb8_state_format)format;
+            bnb8_dtype dt = bf16 ? BNB8_BF16 : BNB8_F32;
+            double es = bf16 ? 2.0 : 4.0, per_state = format ? 2.03125 : 8.0;
+            bnb8_optimizer *opt = NULL;
+            void *p = calloc((size_t)n, (size_t)es), *g = calloc((size_t)n, (size_t)es);
+            EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0 && opt &&
+                   bnb8_optimizer_add(opt, "w", p, dt, g, dt, n, NULL) == 0, "create/add: %s", bnb8_last_error());
+            bnb8_memory mem = bnb8_optimizer_memory(opt, 1), release = bnb8_optimizer_memory(opt, 0);
+            EXPECT(mem.params == n && mem.states / (double)n == per_state, "states / params = %.6f, expected %.6f",
+                   mem.states / (double)n, per_state);
+            double total = (mem.weights + mem.gradients + mem.states) / (double)n;
+            EXPECT(total == 2.0 * es + per_state, "persistent bytes / param = %.6f, expected %.6f", total, 2.0 * es + per_state);
+            EXPECT(release.gradients == 0.0 && (release.weights + release.states) / (double)n == es + per_state,
+                   "with gradient release: %.6f bytes / param", (release.weights + release.states) / (double)n);
+            if (!bf16) {
+                save_checked(opt, path);
+                size_t size;
+                uint8_t *f = test_slurp(path, &size);
+                double want = 24.0 + 4 + 1 + 40 + 4 + per_state * n;
+                EXPECT((double)size == want, "%s file: %zu bytes, expected %.0f", format ? "8-bit" : "32-bit", size, want);
+                if (format) EXPECT(fabs((double)size / n - 2.03125) < 1e-4, "8-bit file: %.6f bytes per parameter", (double)size / n);
+                if (verbose)
+                    printf("    %s AdamW, 2^20 f32 params: file %.6f bytes/param, states %.6f, with f32 params + grads %.6f\n",
+                           format ? "8-bit" : "32-bit", (double)size / n, mem.states / n, total);
+                free(f);
+            }
+            bnb8_optimizer_free(opt);
+            free(p); free(g);
+        }
+    remove(path);
+}
+
+// Tensors under min_8bit_size keep 32-bit states (SPEC §5.1): the format field of each record and
+// bnb8_optimizer_memory against sizes computed here; min_8bit_size 0 makes a 100-element tensor
+// 8-bit; an override can raise it for one name; a 32-bit configuration stays 32-bit at any size.
+static void test_min_8bit_size(void) {
+    const tensor_spec spec[5] = {{"t100", 100, BNB8_F32, BNB8_F32}, {"t4095", 4095, BNB8_F32, BNB8_F32},
+                                 {"t4096", 4096, BNB8_F32, BNB8_F32}, {"t10000", 10000, BNB8_F32, BNB8_F32},
+                                 {"big", 10000, BNB8_F32, BNB8_F32}};
+    char path[256];
+    path_in(path, sizeof path, "min8.bin");
+    for (int variant = 0; variant < 3; variant++) {   // default 4096, 0, a 32-bit configuration
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW), big = c;
+        if (variant == 1) c.min_8bit_size = 0;
+        if (variant == 2) { c.format = BNB8_STATE_32BIT; c.min_8bit_size = 0; }
+        big.min_8bit_size = 1 << 20;
+        test_rng rng = test_rng_new();
+        model m;   // built by hand: the override must come before the adds
+        memset(&m, 0, sizeof m);
+        EXPECT(bnb8_optimizer_create(&m.opt, BNB8_ADAMW, &c) == 0 && m.opt, "create: %s", bnb8_last_error());
+        if (!m.opt) return;
+        EXPECT(bnb8_optimizer_override(m.opt, "big", &big) == 0, "override: %s", bnb8_last_error());
+        m.count = 5;
+        for (int j = 0; j < 5; j++) {
+            m.spec[j] = spec[j];
+            m.p[j] = calloc((size_t)spec[j].n, 4);
+            m.g[j] = calloc((size_t)spec[j].n, 4);
+            EXPECT(bnb8_optimizer_add(m.opt, spec[j].name, m.p[j], BNB8_F32, m.g[j], BNB8_F32, spec[j].n, NULL) == 0, "add");
+        }
+        model_steps(&m, 1, c.lr, &rng);
+        save_checked(m.opt, path);
+        size_t size;
+        uint8_t *f = test_slurp(path, &size);
+        record r[5];
+        int count = f ? parse_records(f, size, r, 5) : -1;
+        EXPECT(count == 5, "variant %d: the file does not parse", variant);
+        double want_states = 0.0;
+        for (int j = 0; j < 5 && count == 5; j++) {
+            int64_t min8 = j == 4 ? big.min_8bit_size : c.min_8bit_size;
+            int eight = c.format == BNB8_STATE_8BIT && spec[j].n >= min8;
+            uint32_t format = get32(f + r[j].fields + 8);
+            EXPECT(format == (uint32_t)eight, "variant %d: %s (n %lld, min_8bit_size %lld) has format %u, expected %d",
+                   variant, spec[j].name, (long long)spec[j].n, (long long)min8, format, eight);
+            EXPECT((double)r[j].bytes == expect_state_bytes(spec[j].n, 2, eight, 256), "variant %d: %s has %llu state bytes",
+                   variant, spec[j].name, (unsigned long long)r[j].bytes);
+            want_states += expect_state_bytes(spec[j].n, 2, eight, 256);
+        }
+        bnb8_memory mem = bnb8_optimizer_memory(m.opt, 1);
+        EXPECT(mem.states == want_states, "variant %d: memory says %.0f state bytes, expected %.0f", variant, mem.states, want_states);
+        if (verbose) printf("    variant %d: %.0f state bytes for 28291 parameters\n", variant, mem.states);
+        free(f);
+        model_free(&m);
+    }
+    remove(path);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 4. API misuse: a status, a message, no crash, nothing changed (SPEC §11)
+
+#define MISUSE(call, what) do {                                                                        \
+        arm_error();                                                                                   \
+        int status_ = (call);                                                                          \
+        EXPECT(status_ > 0 && status_ < BNB8_NUM_ERRORS, "%s: returned %d", what, status_);           \
+        EXPECT(error_replaced(), "%s: no message (last error '%s')", what, bnb8_last_error());       \
+        if (verbose) printf("    %-40s %d: %s\n", what, status_, bnb8_last_error());                 \
+    } while (0)
+
+static void test_api_misuse(void) {
+    bnb8_optimizer *opt = NULL, *o = NULL;
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW), bad;
+    float p[300] = {0}, g[300] = {0}, q[300] = {0};
+    int id = -7;
+
+    MISUSE(bnb8_optimizer_create(NULL, BNB8_ADAMW, &c), "create: opt NULL");
+    MISUSE(bnb8_optimizer_create(&o, (bnb8_optim)-1, &c), "create: kind -1");
+    EXPECT(o == NULL, "create failed but gave an optimizer");
+    MISUSE(bnb8_optimizer_create(&o, BNB8_NUM_OPTIMIZERS, &c), "create: kind out of range");
+    static const int64_t blocksizes[] = {0, -256, 32, 63, 100, 255, 257, 4095, 4097, 8192};
+    for (size_t k = 0; k < sizeof blocksizes / sizeof blocksizes[0]; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "create: blocksize %lld", (long long)blocksizes[k]);
+        bad = c; bad.blocksize = blocksizes[k];
+        arm_error();
+        int status = bnb8_optimizer_create(&o, BNB8_ADAMW, &bad);
+        EXPECT(status == BNB8_ERR_BLOCKSIZE && error_replaced() && o == NULL, "%s: status %d", what, status);
+    }
+    bad = c; bad.beta1 = 1.5f; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: beta1 1.5");
+    bad = c; bad.beta2 = NAN; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: beta2 NaN");
+    bad = c; bad.lr = INFINITY; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: lr inf");
+    bad = c; bad.eps = -1.0f; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: eps -1");
+    bad = c; bad.percentile_clipping = 0; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: percentile 0");
+    bad = c; bad.percentile_clipping = 101; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: percentile 101");
+    bad = c; bad.format = (bnb8_state_format)5; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: format 5");
+    bad = c; bad.min_8bit_size = -1; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: min_8bit_size -1");
+    EXPECT(o == NULL, "a failed create gave an optimizer");
+
+    EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0 && opt, "create: %s", bnb8_last_error());
+    if (!opt) return;
+    bad = c; bad.blocksize = 96;
+    MISUSE(bnb8_optimizer_override(NULL, "x", &c), "override: opt NULL");
+    MISUSE(bnb8_optimizer_override(opt, NULL, &c), "override: name NULL");
+    MISUSE(bnb8_optimizer_override(opt, "x", NULL), "override: cfg NULL");
+    MISUSE(bnb8_optimizer_override(opt, "x", &bad), "override: blocksize 96");
+
+    MISUSE(bnb8_optimizer_add(NULL, "w", p, BNB8_F32, g, BNB8_F32, 300, NULL), "add: opt NULL");
+    MISUSE(bnb8_optimizer_add(opt, NULL, p, BNB8_F32, g, BNB8_F32, 300, NULL), "add: name NULL");
+    MISUSE(bnb8_optimizer_add(opt, "w", NULL, BNB8_F32, g, BNB8_F32, 300, NULL), "add: param NULL");
+    MISUSE(bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, 0, NULL), "add: n 0");
+    MISUSE(bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, -5, NULL), "add: n -5");
+    MISUSE(bnb8_optimizer_add(opt, "w", p, (bnb8_dtype)9, g, BNB8_F32, 300, NULL), "add: param dtype 9");
+    MISUSE(bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, (bnb8_dtype)-1, 300, NULL), "add: grad dtype -1");
+    EXPECT(bnb8_optimizer_count(opt) == 0, "failed adds registered %d tensors", bnb8_optimizer_count(opt));
+    EXPECT(bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, 300, &id) == 0 && id == 0, "add: %s", bnb8_last_error());
+    MISUSE(bnb8_optimizer_add(opt, "w", q, BNB8_F32, g, BNB8_F32, 300, NULL), "add: duplicate name");
+    MISUSE(bnb8_optimizer_override(opt, "w", &c), "override after add");
+    EXPECT(bnb8_optimizer_add(opt, "nograd", q, BNB8_F32, NULL, BNB8_F32, 300, &id) == 0 && id == 1, "add without grad");
+    EXPECT(bnb8_optimizer_count(opt) == 2, "%d tensors, expected 2", bnb8_optimizer_count(opt));
+
+    // Steps that must be refused before anything moves: "w" has a gradient, "nograd" not yet.
+    for (int i = 0; i < 300; i++) { p[i] = 0.1f * (float)(i % 7) - 0.3f; g[i] = 0.01f * (float)(i % 5) - 0.02f; }
+    float p_before[300];
+    memcpy(p_before, p, sizeof p);
+    const int ids_bad_low[1] = {-1}, ids_bad_high[1] = {2}, ids_nograd[2] = {0, 1}, ids_ok[1] = {0};
+    MISUSE(bnb8_optimizer_step(NULL, 1e-3f, 1.0f, NULL), "step: opt NULL");
+    MISUSE(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL), "step before grads set");
+    MISUSE(bnb8_optimizer_step_tensors(opt, ids_nograd, 2, 1e-3f, 1.0f, NULL), "step_tensors: a tensor without grad");
+    MISUSE(bnb8_optimizer_step_tensors(opt, ids_bad_low, 1, 1e-3f, 1.0f, NULL), "step_tensors: id -1");
+    MISUSE(bnb8_optimizer_step_tensors(opt, ids_bad_high, 1, 1e-3f, 1.0f, NULL), "step_tensors: id 2 of 2");
+    MISUSE(bnb8_optimizer_step_tensors(opt, NULL, 1, 1e-3f, 1.0f, NULL), "step_tensors: ids NULL");
+    MISUSE(bnb8_optimizer_step_tensors(opt, ids_ok, -1, 1e-3f, 1.0f, NULL), "step_tensors: count -1");
+    MISUSE(bnb8_optimizer_step_tensors(NULL, ids_ok, 1, 1e-3f, 1.0f, NULL), "step_tensors: opt NULL");
+    MISUSE(bnb8_optimizer_step_tensors(opt, ids_ok, 1, NAN, 1.0f, NULL), "step_tensors: lr NaN");
+    MISUSE(bnb8_optimizer_step(opt, 1e-3f, INFINITY, NULL), "step: gnorm_scale inf");
+    MISUSE(bnb8_optimizer_set_grad(NULL, 0, g), "set_grad: opt NULL");
+    MISUSE(bnb8_optimizer_set_grad(opt, -1, g), "set_grad: id -1");
+    MISUSE(bnb8_optimizer_set_grad(opt, 2, g), "set_grad: id 2 of 2");
+    EXPECT(memcmp(p, p_before, sizeof p) == 0, "a refused step changed the parameters");
+    EXPECT(bnb8_optimizer_steps(opt, 0) == 0 && bnb8_optimizer_steps(opt, 1) == 0, "a refused step counted: %lld %lld",
+           (long long)bnb8_optimizer_steps(opt, 0), (long long)bnb8_optimizer_steps(opt, 1));
+
+    char path[256];
+    path_in(path, sizeof path, "misuse.bin");
+    MISUSE(bnb8_optimizer_save(NULL, path), "save: opt NULL");
+    MISUSE(bnb8_optimizer_save(opt, NULL), "save: path NULL");
+    MISUSE(bnb8_optimizer_load(NULL, path), "load: opt NULL");
+    MISUSE(bnb8_optimizer_load(opt, NULL), "load: path NULL");
+    EXPECT(bnb8_optimizer_steps(opt, -1) == -1 && bnb8_optimizer_steps(opt, 2) == -1 && bnb8_optimizer_steps(NULL, 0) == -1,
+           "steps of a tensor that does not exist");
+    EXPECT(bnb8_optimizer_count(NULL) == 0 && bnb8_optimizer_take_nonfinite(NULL) == 0, "count / take_nonfinite of NULL");
+    bnb8_memory none = bnb8_optimizer_memory(NULL, 1);
+    EXPECT(none.params == 0 && none.weights == 0.0 && none.gradients == 0.0 && none.states == 0.0, "memory of NULL");
+    bnb8_optimizer_free(NULL);
+    for (int s = 0; s < BNB8_NUM_ERRORS; s++) EXPECT(bnb8_strerror(s)[0] != 0, "no text for status %d", s);
+    EXPECT(strstr(bnb8_strerror(-1), "unknown") && strstr(bnb8_strerror(BNB8_NUM_ERRORS), "unknown"), "unknown statuses");
+
+    // After all that, the optimizer works: set the missing gradient, step, both tensors count 1.
+    EXPECT(bnb8_optimizer_set_grad(opt, 1, g) == 0 && bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0,
+           "step after the misuse: %s", bnb8_last_error());
+    EXPECT(bnb8_optimizer_steps(opt, 0) == 1 && bnb8_optimizer_steps(opt, 1) == 1 && memcmp(p, p_before, sizeof p) != 0,
+           "the step after the misuse did not step");
+    bnb8_optimizer_free(opt);
+}
+
+// ------------------------------------------------------------------------------------------------
+
+void tests_state(void) {
+    verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
+    snprintf(dir, sizeof dir, "/tmp/bnb8_state_XXXXXX");
+    if (!mkdtemp(dir)) { printf("test_state: mkdtemp failed\n"); return; }
+    test_run("state: save -> load -> continue equals never stopping", test_resume);
+    test_run("state: corrupted or mismatched files are refused, nothing changed", test_corrupt_files);
+    test_run("state: saves are atomic (tmp + rename), failures keep the old file", test_atomic_save);
+    test_run("state: file size and memory of 8-bit states (2.03125 bytes/param)", test_memory_and_file_size);
+    test_run("state: tensors under min_8bit_size keep 32-bit states", test_min_8bit_size);
+    test_run("state: API misuse returns a status and a message", test_api_misuse);
+    rmdir(dir);
+}
