@@ -75,7 +75,8 @@ $(BUILD)/libbnb8.a: $(LIB_OBJS)
 	$(AR) rcs $@ $^
 
 # CPU tests: one program, every test/test_*.c; the last line it prints is "N passed, M failed".
-$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/bnb8.o $(HEADERS) | $(BUILD)
+# test/test_train.c includes train_gpt2_8bit.c (built with -DTRAIN_NO_MAIN) to reach the model.
+$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/bnb8.o $(HEADERS) train_gpt2_8bit.c | $(BUILD)
 	$(CC) $(CFLAGS) $(TEST_SRCS) $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
 # The README's example must compile and run as printed.
@@ -90,6 +91,17 @@ test: info $(BUILD)/readme_example $(BUILD)/test_cpu
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs it too).
 test-asan:
 	$(MAKE) --no-print-directory BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+
+# The GPT-2 trainer (CPU). -O3 and the host's vector units: IEEE arithmetic is kept (no contraction,
+# no fast-math), so its results match the tests' -O2 build bit for bit. `make train` runs it with
+# its defaults on the embedded fortunes data; pass flags with TRAIN_ARGS="-n 300 -o out".
+TRAIN_OPT := $(shell printf 'int main(void){return 0;}' | $(CC) -march=native -x c - -o /dev/null 2>/dev/null && echo -march=native)
+TRAIN_ARGS ?=
+$(BUILD)/train_gpt2_8bit: train_gpt2_8bit.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+
+train: info $(BUILD)/train_gpt2_8bit
+	./$(BUILD)/train_gpt2_8bit $(TRAIN_ARGS)
 
 # CPU benchmark: quantization and AdamW steps, 1 thread and all threads.
 $(BUILD)/bench_cpu: dev/bench/bench_cpu.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)

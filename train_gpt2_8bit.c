@@ -275,26 +275,20 @@ static inline float dot_lanes(const float *x, const float *w, int64_t n) {
     return lanes_sum(acc);
 }
 
-// out[r, o..o+1] for rows r..r+3: 4 x 2 dot products sharing their loads.
+// out[r, o..o+1] for rows r..r+3: 4 x 2 dot products sharing their loads (C a multiple of LANES,
+// so that the accumulators live in registers; the lanes and their sum are dot_lanes' exactly).
 static inline void matmul_tile_4x2(float *out, const float *inp, const float *weight, const float *bias,
                                    int64_t r, int64_t o, int64_t C, int64_t OC) {
     const float *x0 = inp + r * C, *x1 = x0 + C, *x2 = x1 + C, *x3 = x2 + C;
     const float *w0 = weight + o * C, *w1 = w0 + C;
     float a[8][LANES] = {{0}};
-    int64_t i = 0;
-    for (; i + LANES <= C; i += LANES) {
+    for (int64_t i = 0; i < C; i += LANES) {
         for (int k = 0; k < LANES; k++) {
             a[0][k] += x0[i + k] * w0[i + k]; a[1][k] += x0[i + k] * w1[i + k];
             a[2][k] += x1[i + k] * w0[i + k]; a[3][k] += x1[i + k] * w1[i + k];
             a[4][k] += x2[i + k] * w0[i + k]; a[5][k] += x2[i + k] * w1[i + k];
             a[6][k] += x3[i + k] * w0[i + k]; a[7][k] += x3[i + k] * w1[i + k];
         }
-    }
-    for (int k = 0; i + k < C; k++) {
-        a[0][k] += x0[i + k] * w0[i + k]; a[1][k] += x0[i + k] * w1[i + k];
-        a[2][k] += x1[i + k] * w0[i + k]; a[3][k] += x1[i + k] * w1[i + k];
-        a[4][k] += x2[i + k] * w0[i + k]; a[5][k] += x2[i + k] * w1[i + k];
-        a[6][k] += x3[i + k] * w0[i + k]; a[7][k] += x3[i + k] * w1[i + k];
     }
     for (int rr = 0; rr < 4; rr++)
         for (int oo = 0; oo < 2; oo++) {
@@ -314,7 +308,7 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
         int64_t o0 = (task / nrb) * OB, r0 = (task % nrb) * RB;
         int64_t o1 = o0 + OB < OC ? o0 + OB : OC, r1 = r0 + RB < N ? r0 + RB : N;
         int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) {
+        for (; r + 4 <= r1 && C % LANES == 0; r += 4) {
             int64_t o = o0;
             for (; o + 2 <= o1; o += 2) matmul_tile_4x2(out, inp, weight, bias, r, o, C, OC);
             for (; o < o1; o++)
@@ -570,16 +564,50 @@ static void residual_add(float *out, const float *inp, int64_t n) {   // out (n)
     for (int64_t i = 0; i < n; i++) out[i] += inp[i];
 }
 
+// exp(x) for x <= 0 within 2 ulp (Cephes' expf polynomial after Cody-Waite reduction), without
+// branches or calls so that softmax's loop over 50k logits vectorizes; libm's expf does not.
+static inline float exp_nonpositive(float x) {
+    // clamp at -87 (keeps 2^k normal; -inf and NaN go there too) on the bits: for negative floats
+    // a larger magnitude is a larger integer, and an integer min vectorizes where a float compare
+    // (which may trap) does not
+    union { float f; uint32_t u; } in = {x};
+    in.u = in.u < 0xc2ae0000u ? in.u : 0xc2ae0000u;
+    x = in.f;
+    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // round(x / ln 2)
+    float r = x - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    union { uint32_t u; float f; } scale = {(uint32_t)((int32_t)k + 127) << 23};
+    return p * scale.f;
+}
+
 // Softmax over the first V of Vp columns of logits (N, Vp), in place (padding columns get 0); with
 // targets, losses (N) = -log p[target], computed from the logits (no log of an underflowed 0).
+// Max and sum run in LANES interleaved partials, combined in a fixed order.
 static void softmax_forward(float *logits, float *losses, const int *targets, int64_t N, int64_t V, int64_t Vp) {
     #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        float *x = logits + n * Vp, maxv = -INFINITY;
-        for (int64_t i = 0; i < V; i++) maxv = fmaxf(maxv, x[i]);
-        double sum = 0.0;
+        float *x = logits + n * Vp, mx[LANES], sm[LANES];
+        for (int k = 0; k < LANES; k++) { mx[k] = -INFINITY; sm[k] = 0.0f; }
+        int64_t V8 = V / LANES * LANES;
+        for (int64_t i = 0; i < V8; i += LANES)
+            for (int k = 0; k < LANES; k++) mx[k] = x[i + k] > mx[k] ? x[i + k] : mx[k];
+        float maxv = -INFINITY;
+        for (int k = 0; k < LANES; k++) maxv = mx[k] > maxv ? mx[k] : maxv;
+        for (int64_t i = V8; i < V; i++) maxv = x[i] > maxv ? x[i] : maxv;
         float target_logit = targets ? x[targets[n]] : 0.0f;
-        for (int64_t i = 0; i < V; i++) { x[i] = expf(x[i] - maxv); sum += x[i]; }
+        for (int64_t i = 0; i < V; i++) x[i] = exp_nonpositive(x[i] - maxv);
+        for (int64_t i = 0; i < V8; i += LANES)
+            for (int k = 0; k < LANES; k++) sm[k] += x[i + k];
+        double sum = 0.0;
+        for (int k = 0; k < LANES; k++) sum += sm[k];
+        for (int64_t i = V8; i < V; i++) sum += x[i];
         float inv = (float)(1.0 / sum);
         for (int64_t i = 0; i < V; i++) x[i] *= inv;
         for (int64_t i = V; i < Vp; i++) x[i] = 0.0f;
@@ -1151,7 +1179,7 @@ typedef struct {
     float final_lr_frac;
     float grad_clip;          // global gradient norm clip (0 = off)
     const char *recipe, *optimizer;
-    int stable_embedding;
+    int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
     int64_t eval_every, val_batches, sample_every, gen_tokens, ckpt_every;
     int64_t stop_after;       // stop after this step (the schedule still spans `steps`); 0 = no
     uint64_t seed;
@@ -1182,7 +1210,7 @@ static void train_args_default(TrainArgs *a) {
     a->lr = 0.0f; a->weight_decay = -1.0f;
     a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f;
     a->recipe = "8bit"; a->optimizer = "adamw";
-    a->stable_embedding = 0;
+    a->stable_embedding = -1;
     a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 48; a->ckpt_every = 0;
     a->stop_after = 0; a->seed = 1337; a->resume = 0; a->verbose = 1;
 }
@@ -1355,7 +1383,8 @@ static void print_memory(const GPT2 *m, bnb8_optimizer *opt, const double state_
                          const Recipe *r) {
     bnb8_memory mem = bnb8_optimizer_memory(opt, 1);
     printf("memory: every buffer (weights and gradients fp32; optimizer states as the library holds them)\n");
-    printf("  %-10s %-11s %13s %12s %12s %12s\n", "parameter", "shape", "elements", "weights", "gradients", "opt. state");
+    printf("  %-10s %-11s %13s %12s %12s %12s %s\n", "parameter", "shape", "elements", "weights", "gradients", "opt. state",
+           " state B/elem");
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!m->param_sizes[i]) continue;
         printf("  %-10s %-11s %13lld ", param_names[i], param_shapes[i], (long long)m->param_sizes[i]);
@@ -1364,7 +1393,7 @@ static void print_memory(const GPT2 *m, bnb8_optimizer *opt, const double state_
         print_bytes(4.0 * (double)m->param_sizes[i]);
         printf("  ");
         print_bytes(state_bytes[i]);
-        printf("\n");
+        printf("  %6.3f\n", state_bytes[i] / (double)m->param_sizes[i]);
     }
     printf("  %-10s %-11s %13lld ", "total", "", (long long)mem.params);
     print_bytes(mem.weights); printf("  "); print_bytes(mem.gradients); printf("  "); print_bytes(mem.states);
@@ -1447,8 +1476,12 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     int64_t start = 0;
     TrainerState st = {0};
     if (has_out && ensure_dir(a->out_dir)) goto done;
-    if (a->resume) start = checkpoint_latest(a->out_dir);
-    char path[1024];
+    if (a->resume) {
+        start = checkpoint_latest(a->out_dir);
+        if (start == 0 && a->verbose) printf("note: no complete checkpoint in %s: starting from step 0\n", a->out_dir);
+    }
+    char path[1024], model_path[1024];
+    snprintf(model_path, sizeof model_path, "%s", a->model);
     if (start > 0) {
         checkpoint_path(path, sizeof path, a->out_dir, "state", start, ".bin");
         if (state_load(&st, path)) goto done;
@@ -1459,20 +1492,21 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
                        (long long)a->B, (long long)a->T, recipe->name, oc->name);
             goto done;
         }
-        checkpoint_path(path, sizeof path, a->out_dir, "model", start, ".bin");
-        if (gpt2_load(&model, path)) goto done;
+        checkpoint_path(model_path, sizeof model_path, a->out_dir, "model", start, ".bin");
+        if (gpt2_load(&model, model_path)) goto done;
     } else {
         size_t len = strlen(a->model);
         if (len > 4 && strcmp(a->model + len - 4, ".bin") == 0) {
             if (gpt2_load(&model, a->model)) goto done;
-            if (a->stable_embedding && !model.config.stable_embedding) {
-                train_fail("%s has no StableEmbedding layernorm; -w 1 needs a model made with it", a->model);
+            if (a->stable_embedding >= 0 && a->stable_embedding != model.config.stable_embedding) {
+                train_fail("%s was made %s StableEmbedding; -w %d cannot change that (leave -w out)", a->model,
+                           model.config.stable_embedding ? "with" : "without", a->stable_embedding);
                 goto done;
             }
         } else {
             GPT2Config c;
             if (config_from_descriptor(&c, a->model)) goto done;
-            c.stable_embedding = a->stable_embedding;
+            c.stable_embedding = a->stable_embedding != 0;
             if (gpt2_init_random(&model, &c, a->seed)) goto done;
         }
     }
@@ -1529,7 +1563,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
 #endif
         printf("bnb8 train_gpt2_8bit: CPU, %d OpenMP threads\n", threads);
         printf("model    %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %lld parameters, StableEmbedding %s\n",
-               start > 0 ? path : a->model, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
+               model_path, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
                cfg->padded_vocab_size, cfg->max_seq_len, (long long)model.num_parameters,
                cfg->stable_embedding ? "on" : "off");
         printf("data     %s (%lld tokens), val %s (%lld tokens)\n", train_file.path, (long long)train_file.count,
@@ -1645,7 +1679,9 @@ static void usage(FILE *f) {
         "  -o <dir>    output directory for checkpoints (default none)\n"
         "  -r <name>   recipe: fp32 | 8bit | flash (flash needs issue P4)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
-        "  -w <0|1>    StableEmbedding: layernorm after the token embedding, 32-bit wte state (default %d)\n"
+        "  -w <0|1>    StableEmbedding (the paper's recipe for 8-bit training): layernorm after the token\n"
+        "              embedding, Xavier init, 32-bit optimizer state for wte (default: on for a descriptor,\n"
+        "              as recorded in a .bin model)\n"
         "  -b <int>    batch size B                     (default %lld)\n"
         "  -t <int>    sequence length T                (default %lld)\n"
         "  -n <int>    training steps                   (default %lld)\n"
@@ -1664,7 +1700,7 @@ static void usage(FILE *f) {
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
         "  -h          this text\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
-        d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, d.stable_embedding,
+        d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
         (double)optimizers[2].lr, (long long)d.warmup, (double)d.final_lr_frac, (double)optimizers[0].weight_decay,
         (double)optimizers[1].weight_decay, (double)optimizers[2].weight_decay, (double)d.grad_clip,
@@ -1698,6 +1734,7 @@ static int parse_args(int argc, char **argv, TrainArgs *a) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
+        if (!strchr("ijzeorpwbtnluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;

@@ -31,6 +31,7 @@ double test_randn(test_rng *r);
 void test_run(const char *name, void (*fn)(void));
 void tests_quant(void);
 void tests_optim(void);
+void tests_train(void);
 void tests_state(void);
 
 

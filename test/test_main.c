@@ -61,6 +61,7 @@ int main(void) {
     printf("bnb8 CPU tests, TEST_SEED=%llu\n", (unsigned long long)run_seed);
     tests_quant();
     tests_optim();
+    tests_train();
     tests_state();
 
     printf("%lld passed, %lld failed\n", (long long)tests_passed, (long long)tests_failed);

@@ -1,0 +1,706 @@
+/*
+test_train.c — the GPT-2 trainer (SPEC §7, §8, §9): gradients against finite differences of an
+independent double-precision forward, training lowers the loss and 8-bit stays within 2% of fp32,
+resume is bit-exact, and every loader refuses bad files with a message naming the file.
+
+The trainer is compiled into this file (-DTRAIN_NO_MAIN) so that the tests reach its model and
+loaders. Models here are tiny (2 layers, C = 32, V = 64) and the data is a synthetic 64-token
+language, so the whole group runs in seconds, under ASan too. BNB8_TEST_VERBOSE=1 prints the
+measured numbers (gradient errors, losses, the 8-bit vs fp32 gap).
+*/
+#define TRAIN_NO_MAIN
+#include "train_gpt2_8bit.c"
+#include "test.h"
+
+static int tverbose;
+static char tdir[64];
+
+static void tpath(char *path, size_t size, const char *name) { snprintf(path, size, "%s/%s", tdir, name); }
+
+// Removes the files of a directory, then the directory.
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[1024];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        remove(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+// Writes an llm.c tokens file with its own code (not the trainer's), header fields as given.
+static void write_tokens(const char *path, const uint16_t *tokens, int64_t count, int32_t magic, int32_t version,
+                         int32_t header_count) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { EXPECT(0, "cannot create %s", path); return; }
+    int32_t h[256] = {0};
+    h[0] = magic; h[1] = version; h[2] = header_count;
+    fwrite(h, 4, 256, f);
+    if (count) fwrite(tokens, 2, (size_t)count, f);
+    fclose(f);
+}
+
+// A 64-token language with structure to learn: each token mostly follows from the previous one
+// (a fixed permutation), sometimes at random; documents start with token 63 (end-of-text here).
+static void make_language(uint16_t *out, int64_t n, uint64_t seed) {
+    Rng r = {seed};
+    int b = 2;
+    for (int64_t i = 0; i < n; i++) {
+        int t;
+        if (i % 40 == 0) t = 63;
+        else if (rng_uniform(&r) < 0.85f) t = (17 * b + 5) % 62;
+        else t = (int)(rng_u64(&r) % 62);
+        out[i] = (uint16_t)t;
+        b = t;
+    }
+}
+
+static void make_data_files(void) {
+    int64_t n = 40000, nv = 4000;
+    uint16_t *tok = (uint16_t *)malloc(2 * (size_t)n);
+    if (!tok) return;
+    char path[256];
+    make_language(tok, n, 11);
+    tpath(path, sizeof path, "train.bin");
+    write_tokens(path, tok, n, TOKENS_MAGIC, 1, (int32_t)n);
+    make_language(tok, nv, 12);
+    tpath(path, sizeof path, "val.bin");
+    write_tokens(path, tok, nv, TOKENS_MAGIC, 1, (int32_t)nv);
+    free(tok);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Double-precision reference forward, written from the math (not from the trainer's kernels).
+
+static void ref_layernorm(double *out, const double *x, const double *w, const double *b, int64_t C) {
+    double m = 0.0, v = 0.0;
+    for (int64_t i = 0; i < C; i++) m += x[i];
+    m /= (double)C;
+    for (int64_t i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    v /= (double)C;
+    double s = 1.0 / sqrt(v + 1e-5);
+    for (int64_t i = 0; i < C; i++) out[i] = (x[i] - m) * s * w[i] + b[i];
+}
+
+// y (OC) = W (OC, K) x (K) + bias (OC, may be NULL)
+static void ref_linear(double *y, const double *x, const double *W, const double *bias, int64_t K, int64_t OC) {
+    for (int64_t o = 0; o < OC; o++) {
+        double s = bias ? bias[o] : 0.0;
+        for (int64_t k = 0; k < K; k++) s += W[o * K + k] * x[k];
+        y[o] = s;
+    }
+}
+
+// Mean cross-entropy of the model whose parameters (in the trainer's layout) are p.
+static double ref_loss(const GPT2Config *c, const double *p, const int *in, const int *tg, int64_t B, int64_t T) {
+    int64_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS], o = 0;
+    param_sizes_of(c, sizes);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { off[i] = o; o += sizes[i]; }
+    const double *wte = p + off[0], *wpe = p + off[1], *ln1w = p + off[2], *ln1b = p + off[3], *qkvw = p + off[4];
+    const double *qkvb = p + off[5], *apw = p + off[6], *apb = p + off[7], *ln2w = p + off[8], *ln2b = p + off[9];
+    const double *fcw = p + off[10], *fcb = p + off[11], *fpw = p + off[12], *fpb = p + off[13];
+    const double *lnfw = p + off[14], *lnfb = p + off[15], *lnew = p + off[16], *lneb = p + off[17];
+    int64_t C = c->channels, L = c->num_layers, NH = c->num_heads, hs = C / NH, V = c->vocab_size, BT = B * T;
+    double *x = (double *)malloc(sizeof(double) * (size_t)(BT * C)), *h = (double *)malloc(sizeof(double) * (size_t)(BT * C));
+    double *qkv = (double *)malloc(sizeof(double) * (size_t)(BT * 3 * C)), *y = (double *)malloc(sizeof(double) * (size_t)(BT * C));
+    double *f = (double *)malloc(sizeof(double) * (size_t)(4 * C)), *tmp = (double *)malloc(sizeof(double) * (size_t)(4 * C + V + T));
+    double loss = 0.0;
+    if (!x || !h || !qkv || !y || !f || !tmp) { EXPECT(0, "out of memory"); goto out; }
+    for (int64_t bt = 0; bt < BT; bt++) {
+        const double *e = wte + in[bt] * C;
+        if (c->stable_embedding) { ref_layernorm(tmp, e, lnew, lneb, C); e = tmp; }
+        for (int64_t i = 0; i < C; i++) x[bt * C + i] = e[i] + wpe[(bt % T) * C + i];
+    }
+    for (int64_t l = 0; l < L; l++) {
+        for (int64_t bt = 0; bt < BT; bt++) {
+            ref_layernorm(h + bt * C, x + bt * C, ln1w + l * C, ln1b + l * C, C);
+            ref_linear(qkv + bt * 3 * C, h + bt * C, qkvw + l * 3 * C * C, qkvb + l * 3 * C, C, 3 * C);
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t hd = 0; hd < NH; hd++) {
+                    const double *q = qkv + (b * T + t) * 3 * C + hd * hs;
+                    double *sc = tmp, mx = -INFINITY, sum = 0.0;
+                    for (int64_t t2 = 0; t2 <= t; t2++) {
+                        const double *k = qkv + (b * T + t2) * 3 * C + C + hd * hs;
+                        double s = 0.0;
+                        for (int64_t i = 0; i < hs; i++) s += q[i] * k[i];
+                        sc[t2] = s / sqrt((double)hs);
+                        if (sc[t2] > mx) mx = sc[t2];
+                    }
+                    for (int64_t t2 = 0; t2 <= t; t2++) { sc[t2] = exp(sc[t2] - mx); sum += sc[t2]; }
+                    double *yo = y + (b * T + t) * C + hd * hs;
+                    for (int64_t i = 0; i < hs; i++) {
+                        double s = 0.0;
+                        for (int64_t t2 = 0; t2 <= t; t2++) s += sc[t2] / sum * qkv[(b * T + t2) * 3 * C + 2 * C + hd * hs + i];
+                        yo[i] = s;
+                    }
+                }
+        for (int64_t bt = 0; bt < BT; bt++) {
+            ref_linear(tmp, y + bt * C, apw + l * C * C, apb + l * C, C, C);
+            for (int64_t i = 0; i < C; i++) x[bt * C + i] += tmp[i];
+            ref_layernorm(h + bt * C, x + bt * C, ln2w + l * C, ln2b + l * C, C);
+            ref_linear(f, h + bt * C, fcw + l * 4 * C * C, fcb + l * 4 * C, C, 4 * C);
+            for (int64_t i = 0; i < 4 * C; i++)
+                f[i] = 0.5 * f[i] * (1.0 + tanh(sqrt(2.0 / 3.141592653589793) * (f[i] + 0.044715 * f[i] * f[i] * f[i])));
+            ref_linear(tmp, f, fpw + l * 4 * C * C, fpb + l * C, 4 * C, C);
+            for (int64_t i = 0; i < C; i++) x[bt * C + i] += tmp[i];
+        }
+    }
+    for (int64_t bt = 0; bt < BT; bt++) {
+        ref_layernorm(h + bt * C, x + bt * C, lnfw, lnfb, C);
+        ref_linear(tmp, h + bt * C, wte, NULL, C, V);    // the tied LM head, real rows only
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t v = 0; v < V; v++) if (tmp[v] > mx) mx = tmp[v];
+        for (int64_t v = 0; v < V; v++) sum += exp(tmp[v] - mx);
+        loss += log(sum) + mx - tmp[tg[bt]];
+    }
+    loss /= (double)BT;
+out:
+    free(x); free(h); free(qkv); free(y); free(f); free(tmp);
+    return loss;
+}
+
+// Every parameter at a scale where all paths carry signal (GPT-2's 0.02 init leaves attention
+// almost uniform): matrices ~ 1/sqrt(fan-in), embeddings 0.5, layernorm weights 1 +- 0.2, biases 0.2.
+static void randomize_params(GPT2 *m, Rng *r) {
+    int64_t C = m->config.channels;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        float *p = *param_slot(&m->params, i);
+        float scale = i <= 1 ? 0.5f : param_is_matrix[i] ? 1.0f / sqrtf((float)(i == 12 ? 4 * C : C)) : 0.2f;
+        int ln_weight = i == 2 || i == 8 || i == 14 || i == 16;
+        for (int64_t j = 0; j < m->param_sizes[i]; j++) p[j] = (ln_weight ? 1.0f : 0.0f) + scale * rng_normal(r);
+    }
+}
+
+static void grad_check(int stable) {
+    GPT2Config c;
+    EXPECT(config_from_descriptor(&c, "d2c32h2v64t8") == 0, "descriptor: %s", train_error_text);
+    c.stable_embedding = stable;
+    GPT2 m;
+    if (gpt2_init_random(&m, &c, 5)) { EXPECT(0, "%s", train_error_text); return; }
+    int64_t B = 2, T = 8, BT = B * T;
+    if (gpt2_alloc_acts(&m, B, T)) { EXPECT(0, "%s", train_error_text); gpt2_free(&m); return; }
+    Rng r = {stable ? 77u : 78u};
+    randomize_params(&m, &r);
+    int in[16], tg[16];
+    for (int64_t i = 0; i < BT; i++) { in[i] = (int)(rng_u64(&r) % 64); tg[i] = (int)(rng_u64(&r) % 64); }
+    float loss = gpt2_forward(&m, in, tg, B, T);
+    gpt2_zero_grad(&m);
+    gpt2_backward(&m);
+
+    int64_t n = m.num_parameters;
+    double *p = (double *)malloc(sizeof(double) * (size_t)n);
+    if (!p) { EXPECT(0, "out of memory"); gpt2_free(&m); return; }
+    for (int64_t i = 0; i < n; i++) p[i] = m.params_memory[i];
+    double ref = ref_loss(&c, p, in, tg, B, T);
+    EXPECT(fabs(loss - ref) <= 1e-5 * fabs(ref), "forward: float loss %.9g vs double %.9g", (double)loss, ref);
+    if (tverbose) printf("    stable %d: loss float %.9f double %.9f\n", stable, (double)loss, ref);
+
+    // Central differences in double, h = 1e-5: truncation ~h^2 and rounding ~1e-16/h, both far
+    // below the 1e-3 bar. rel = |analytic - numeric| / max(|analytic|, |numeric|, floor) where
+    // floor = 1e-3 of the tensor's largest sampled gradient: an entry a thousand times smaller than
+    // its neighbours carries float32 rounding of their size, which no fp32 backward avoids.
+    const int SAMPLES = 24;
+    const double h = 1e-5;
+    int64_t off = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        int64_t size = m.param_sizes[i];
+        if (!size) continue;
+        int64_t idx[24];
+        double num[24], ana[24], gmax = 0.0, worst = 0.0;
+        int count = size < SAMPLES ? (int)size : SAMPLES;
+        for (int s = 0; s < count; s++) {
+            int64_t j = size <= SAMPLES ? s : (int64_t)(rng_u64(&r) % (uint64_t)size);
+            idx[s] = off + j;
+            double keep = p[idx[s]];
+            p[idx[s]] = keep + h;
+            double lp = ref_loss(&c, p, in, tg, B, T);
+            p[idx[s]] = keep - h;
+            double lm = ref_loss(&c, p, in, tg, B, T);
+            p[idx[s]] = keep;
+            num[s] = (lp - lm) / (2.0 * h);
+            ana[s] = m.grads_memory[idx[s]];
+            if (fabs(num[s]) > gmax) gmax = fabs(num[s]);
+        }
+        for (int s = 0; s < count; s++) {
+            double den = fmax(fmax(fabs(ana[s]), fabs(num[s])), 1e-3 * gmax);
+            double rel = den > 0.0 ? fabs(ana[s] - num[s]) / den : 0.0;
+            if (rel > worst) worst = rel;
+            EXPECT(rel <= 1e-3, "stable %d: %s[%lld]: analytic %.9g, numeric %.9g, rel %.2e", stable, param_names[i],
+                   (long long)(idx[s] - off), ana[s], num[s], rel);
+        }
+        EXPECT(gmax > 0.0, "%s: every sampled gradient is 0", param_names[i]);
+        if (tverbose) printf("    stable %d: %-9s %2d samples, max |grad| %.3e, worst rel error %.2e\n", stable,
+                             param_names[i], count, gmax, worst);
+        off += size;
+    }
+    free(p);
+    gpt2_free(&m);
+}
+
+static void test_gradients(void) { grad_check(0); }
+static void test_gradients_stable(void) { grad_check(1); }
+
+// Results do not depend on the number of threads (the resume and parity guarantees rest on it).
+static void test_thread_independence(void) {
+#ifdef _OPENMP
+    GPT2Config c;
+    config_from_descriptor(&c, "d2c40h4v70t12");   // sizes off the kernels' tiles: exercises every tail
+    GPT2 m;
+    if (gpt2_init_random(&m, &c, 9) || gpt2_alloc_acts(&m, 3, 11)) { EXPECT(0, "%s", train_error_text); gpt2_free(&m); return; }
+    Rng r = {3};
+    randomize_params(&m, &r);
+    int in[33], tg[33];
+    for (int i = 0; i < 33; i++) { in[i] = (int)(rng_u64(&r) % 70); tg[i] = (int)(rng_u64(&r) % 70); }
+    float *g1 = (float *)malloc(sizeof(float) * (size_t)m.num_parameters);
+    int threads = omp_get_max_threads();
+    float l1 = 0.0f, l2 = 0.0f;
+    for (int run = 0; run < 2 && g1; run++) {
+        omp_set_num_threads(run == 0 ? 1 : 3);
+        float l = gpt2_forward(&m, in, tg, 3, 11);
+        gpt2_zero_grad(&m);
+        gpt2_backward(&m);
+        if (run == 0) { l1 = l; memcpy(g1, m.grads_memory, sizeof(float) * (size_t)m.num_parameters); }
+        else l2 = l;
+    }
+    omp_set_num_threads(threads);
+    EXPECT(g1 && memcmp(&l1, &l2, 4) == 0, "loss differs between 1 and 3 threads: %.9g vs %.9g", (double)l1, (double)l2);
+    EXPECT(g1 && memcmp(g1, m.grads_memory, sizeof(float) * (size_t)m.num_parameters) == 0,
+           "gradients differ between 1 and 3 threads");
+    free(g1);
+    gpt2_free(&m);
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// Training
+
+static void tiny_args(TrainArgs *a, const char *recipe, const char *optimizer, int64_t steps) {
+    static char train[256], val[256];
+    train_args_default(a);
+    tpath(train, sizeof train, "train.bin");
+    tpath(val, sizeof val, "val.bin");
+    a->train_path = train; a->val_path = val; a->tokenizer_path = "";
+    a->model = "d2c64h4v64t16";   // every matrix >= 4096 elements: 8-bit states under the 8bit recipe
+    a->B = 4; a->T = 16; a->steps = steps; a->warmup = 5;
+    a->recipe = recipe; a->optimizer = optimizer;
+    a->stable_embedding = 0;     // wte with 8-bit states too: the recipes differ on every matrix
+    a->lr = strcmp(optimizer, "adamw") == 0 ? 1e-2f : strcmp(optimizer, "lion") == 0 ? 3e-3f : 0.0f;
+    a->eval_every = steps; a->val_batches = 20; a->gen_tokens = 0;
+    a->verbose = 0;
+}
+
+static void test_training(void) {
+    const char *rec[2] = {"fp32", "8bit"};
+    float val[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        TrainArgs a;
+        tiny_args(&a, rec[k], "adamw", 50);
+        float losses[50];
+        TrainResult res = {0};
+        res.losses = losses;
+        if (train_run(&a, &res)) { EXPECT(0, "%s: %s", rec[k], train_error_text); return; }
+        float first = 0, last = 0;
+        for (int i = 0; i < 5; i++) { first += losses[i] / 5; last += losses[45 + i] / 5; }
+        EXPECT(last < first - 1.0f, "%s: loss did not fall: first 5 steps %.4f, last 5 %.4f", rec[k], (double)first, (double)last);
+        EXPECT(res.val_loss < 0.7f * logf(64.0f), "%s: val loss %.4f, ln 64 = %.4f", rec[k], (double)res.val_loss, log(64.0));
+        val[k] = res.val_loss;
+        if (tverbose) printf("    %s: train loss %.4f -> %.4f (mean of 5 steps), val %.4f, %.3f bytes/param of states\n",
+                             rec[k], (double)first, (double)last, (double)res.val_loss, res.memory.states / (double)res.memory.params);
+    }
+    double gap = (val[1] - val[0]) / val[0];
+    EXPECT(fabs(gap) <= 0.02, "8-bit val loss %.5f vs fp32 %.5f: gap %.2f%%", (double)val[1], (double)val[0], 100 * gap);
+    printf("    8-bit vs fp32 after 50 steps: val loss %.5f vs %.5f, gap %+.3f%%\n", (double)val[1], (double)val[0], 100 * gap);
+    // The other optimizers and StableEmbedding learn too.
+    const char *opts[2] = {"lion", "sgd"};
+    for (int k = 0; k < 3; k++) {
+        TrainArgs a;
+        tiny_args(&a, "8bit", k < 2 ? opts[k] : "adamw", 30);
+        if (k == 2) a.stable_embedding = 1;
+        float losses[30];
+        TrainResult res = {0};
+        res.losses = losses;
+        if (train_run(&a, &res)) { EXPECT(0, "%s: %s", a.optimizer, train_error_text); continue; }
+        EXPECT(losses[29] < losses[0] - 0.5f, "%s%s: loss %.4f -> %.4f", a.optimizer, k == 2 ? " + StableEmbedding" : "",
+               (double)losses[0], (double)losses[29]);
+        if (tverbose) printf("    8bit %s%s: loss %.4f -> %.4f\n", a.optimizer, k == 2 ? " + StableEmbedding" : "",
+                             (double)losses[0], (double)losses[29]);
+    }
+}
+
+// Stop after k steps, resume: the later losses and the final weights equal an uninterrupted run's.
+static void resume_case(const char *recipe, const char *optimizer, int stable) {
+    const int64_t N = 12, K = 5;
+    char dir_a[256], dir_b[256];
+    snprintf(dir_a, sizeof dir_a, "%s/run_a_%s_%s_%d", tdir, recipe, optimizer, stable);
+    snprintf(dir_b, sizeof dir_b, "%s/run_b_%s_%s_%d", tdir, recipe, optimizer, stable);
+    TrainArgs a;
+    tiny_args(&a, recipe, optimizer, N);
+    a.stable_embedding = stable;
+    a.eval_every = 4;
+    GPT2Config c;
+    config_from_descriptor(&c, a.model);
+    c.stable_embedding = stable;
+    int64_t sizes[NUM_PARAM_TENSORS], n = 0;
+    param_sizes_of(&c, sizes);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += sizes[i];
+    float la[12], lb[12];
+    float *wa = (float *)malloc(sizeof(float) * (size_t)n), *wb = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!wa || !wb) { EXPECT(0, "out of memory"); free(wa); free(wb); return; }
+    for (int i = 0; i < 12; i++) la[i] = lb[i] = NAN;
+
+    TrainResult ra = {0};
+    ra.losses = la; ra.final_params = wa; ra.final_params_count = n;
+    a.out_dir = dir_a;
+    EXPECT(train_run(&a, &ra) == 0, "uninterrupted run: %s", train_error_text);
+
+    TrainResult rb = {0};
+    rb.losses = lb; rb.final_params = wb; rb.final_params_count = n;
+    a.out_dir = dir_b;
+    a.stop_after = K;
+    EXPECT(train_run(&a, &rb) == 0 && rb.last_step == K, "first part: %s", train_error_text);
+    for (int i = (int)K; i < 12; i++) lb[i] = NAN;
+    a.stop_after = 0;
+    a.resume = 1;
+    EXPECT(train_run(&a, &rb) == 0 && rb.first_step == K + 1 && rb.last_step == N, "resumed part: %s (steps %lld..%lld)",
+           train_error_text, (long long)rb.first_step, (long long)rb.last_step);
+    for (int i = 0; i < 12; i++)
+        EXPECT(memcmp(&la[i], &lb[i], 4) == 0, "%s %s stable %d: step %d loss %.9g vs resumed %.9g", recipe, optimizer,
+               stable, i + 1, (double)la[i], (double)lb[i]);
+    EXPECT(memcmp(wa, wb, sizeof(float) * (size_t)n) == 0, "%s %s stable %d: final weights differ after resume",
+           recipe, optimizer, stable);
+    EXPECT(memcmp(&ra.val_loss, &rb.val_loss, 4) == 0, "%s: val loss %.9g vs resumed %.9g", recipe, (double)ra.val_loss,
+           (double)rb.val_loss);
+    // The checkpoint of the stopped run is complete and the newest.
+    EXPECT(checkpoint_latest(dir_b) == N, "newest checkpoint in %s is %lld", dir_b, (long long)checkpoint_latest(dir_b));
+    // Asking to resume a finished run is an error that says so.
+    EXPECT(train_run(&a, &rb) != 0 && strstr(train_error_text, "raise -n"), "resume past the end: '%s'", train_error_text);
+    // A different recipe cannot resume this checkpoint.
+    TrainArgs other = a;
+    other.recipe = strcmp(recipe, "fp32") == 0 ? "8bit" : "fp32";
+    other.steps = N + 5;
+    EXPECT(train_run(&other, &rb) != 0 && strstr(train_error_text, "recipe"), "resume with another recipe: '%s'", train_error_text);
+    if (tverbose) printf("    %s %s stable %d: steps %lld..%lld resumed bit-exactly, final loss %.6f\n", recipe, optimizer,
+                         stable, (long long)K + 1, (long long)N, (double)la[11]);
+    free(wa); free(wb);
+    remove_tree(dir_a);
+    remove_tree(dir_b);
+}
+
+static void test_resume(void) {
+    resume_case("fp32", "adamw", 0);
+    resume_case("8bit", "adamw", 0);
+    resume_case("8bit", "lion", 1);
+    resume_case("fp32", "sgd", 1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Files
+
+static uint8_t *slurp(const char *path, int64_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *d = (uint8_t *)malloc((size_t)*size + 1);
+    if (d && fread(d, 1, (size_t)*size, f) != (size_t)*size) { free(d); d = NULL; }
+    fclose(f);
+    return d;
+}
+static void spit(const char *path, const uint8_t *d, int64_t size) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { EXPECT(0, "cannot create %s", path); return; }
+    fwrite(d, 1, (size_t)size, f);
+    fclose(f);
+}
+// A copy of data (size bytes) written to path with int32 word `word` of the header set to value
+// (word < 0: unchanged), cut or extended to new_size bytes.
+static void variant(const char *path, const uint8_t *data, int64_t size, int word, int32_t value, int64_t new_size) {
+    uint8_t *d = (uint8_t *)calloc((size_t)(new_size > size ? new_size : size) + 1, 1);
+    if (!d) return;
+    memcpy(d, data, (size_t)size);
+    if (word >= 0) memcpy(d + 4 * word, &value, 4);
+    spit(path, d, new_size);
+    free(d);
+}
+
+typedef int (*loader_fn)(const char *path);
+static int load_model_file(const char *path) { GPT2 m; int s = gpt2_load(&m, path); if (!s) gpt2_free(&m); return s; }
+static int load_tokens_file(const char *path) { TokenFile t; int s = tokens_load(&t, path); free(t.tokens); return s; }
+static int load_tokenizer_file(const char *path) { Tokenizer t; int s = tokenizer_load(&t, path); if (!s) tokenizer_free(&t); return s; }
+static int load_state_file(const char *path) { TrainerState s; return state_load(&s, path); }
+
+// The loader refuses path, and its message names the file and contains `what`.
+static void expect_refused(loader_fn load, const char *path, const char *what, const char *label) {
+    train_error_text[0] = 0;
+    int s = load(path);
+    EXPECT(s != 0, "%s: accepted", label);
+    EXPECT(s == 0 || strstr(train_error_text, path) != NULL, "%s: message does not name %s: '%s'", label, path, train_error_text);
+    EXPECT(s == 0 || !what || strstr(train_error_text, what) != NULL, "%s: message lacks '%s': '%s'", label, what, train_error_text);
+    if (tverbose && s) printf("    %-28s -> %s\n", label, train_error_text);
+}
+
+static void test_model_files(void) {
+    GPT2Config c;
+    config_from_descriptor(&c, "d2c32h2v60t16");   // Vp = 64 > V: padding rows in the file
+    for (int stable = 0; stable < 2; stable++) {
+        c.stable_embedding = stable;
+        GPT2 m, back;
+        if (gpt2_init_random(&m, &c, 4)) { EXPECT(0, "%s", train_error_text); return; }
+        char p32[256], p16[256], bad[256];
+        tpath(p32, sizeof p32, "model32.bin");
+        tpath(p16, sizeof p16, "model16.bin");
+        tpath(bad, sizeof bad, "bad_model.bin");
+        EXPECT(gpt2_save(&m, p32, 0) == 0 && gpt2_save(&m, p16, 1) == 0, "save: %s", train_error_text);
+        // fp32 round trip is exact; bf16 gives each weight rounded to nearest even
+        if (gpt2_load(&back, p32) == 0) {
+            EXPECT(memcmp(&back.config, &m.config, sizeof m.config) == 0, "fp32 file: config differs");
+            EXPECT(back.num_parameters == m.num_parameters &&
+                   memcmp(back.params_memory, m.params_memory, sizeof(float) * (size_t)m.num_parameters) == 0,
+                   "fp32 file: weights differ");
+            gpt2_free(&back);
+        } else EXPECT(0, "%s", train_error_text);
+        if (gpt2_load(&back, p16) == 0) {
+            int64_t diff = 0;
+            for (int64_t i = 0; i < m.num_parameters; i++)
+                diff += back.params_memory[i] != bnb8_bf16_to_f32(bnb8_f32_to_bf16(m.params_memory[i]));
+            EXPECT(diff == 0, "bf16 file: %lld weights are not their bf16 rounding", (long long)diff);
+            EXPECT(back.config.stable_embedding == stable, "bf16 file: StableEmbedding flag lost");
+            gpt2_free(&back);
+        } else EXPECT(0, "%s", train_error_text);
+        gpt2_free(&m);
+        if (stable) continue;
+        int64_t size;
+        uint8_t *d = slurp(p32, &size);
+        if (!d) { EXPECT(0, "cannot read %s", p32); return; }
+        variant(bad, d, size, 0, 20240327, size);  expect_refused(load_model_file, bad, "magic", "model: wrong magic");
+        variant(bad, d, size, 1, 4, size);         expect_refused(load_model_file, bad, "version", "model: wrong version");
+        variant(bad, d, size, 1, 5, size);         expect_refused(load_model_file, bad, "oversized", "model: v3 data as bf16");
+        variant(bad, d, size, 6, 64, size);        expect_refused(load_model_file, bad, "truncated", "model: header C too big");
+        variant(bad, d, size, 4, 1, size);         expect_refused(load_model_file, bad, "oversized", "model: header L too small");
+        variant(bad, d, size, 5, 3, size);         expect_refused(load_model_file, bad, "bad model shape", "model: C % NH != 0");
+        variant(bad, d, size, 7, 50, size);        expect_refused(load_model_file, bad, "bad model shape", "model: Vp < V");
+        variant(bad, d, size, 8, 2, size);         expect_refused(load_model_file, bad, "header[8]", "model: bad extension flag");
+        variant(bad, d, size, 6, 1 << 30, size);   expect_refused(load_model_file, bad, "bad model shape", "model: absurd C");
+        variant(bad, d, size, -1, 0, size - 1);    expect_refused(load_model_file, bad, "truncated", "model: truncated by 1 byte");
+        variant(bad, d, size, -1, 0, size + 4);    expect_refused(load_model_file, bad, "oversized", "model: 4 extra bytes");
+        variant(bad, d, size, -1, 0, 100);         expect_refused(load_model_file, bad, "truncated", "model: truncated header");
+        variant(bad, d, size, -1, 0, 0);           expect_refused(load_model_file, bad, "truncated", "model: empty file");
+        tpath(bad, sizeof bad, "no_such_model.bin");
+        expect_refused(load_model_file, bad, "cannot open", "model: missing file");
+        free(d);
+        remove(p32); remove(p16);
+        tpath(bad, sizeof bad, "bad_model.bin");
+        remove(bad);
+    }
+}
+
+static void test_tokens_files(void) {
+    uint16_t tok[100];
+    for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 7 % 64);
+    char good[256], bad[256];
+    tpath(good, sizeof good, "tokens.bin");
+    tpath(bad, sizeof bad, "bad_tokens.bin");
+    write_tokens(good, tok, 100, TOKENS_MAGIC, 1, 100);
+    TokenFile t;
+    EXPECT(tokens_load(&t, good) == 0 && t.count == 100 && memcmp(t.tokens, tok, 200) == 0, "good file: %s", train_error_text);
+    EXPECT(tokens_check_vocab(&t, 64) == 0, "vocabulary check: %s", train_error_text);
+    EXPECT(tokens_check_vocab(&t, 60) != 0 && strstr(train_error_text, good), "token outside vocabulary: '%s'", train_error_text);
+    DataLoader dl;
+    EXPECT(loader_init(&dl, &t, 10, 10) != 0 && strstr(train_error_text, good), "too few tokens for a batch: '%s'", train_error_text);
+    loader_free(&dl);
+    free(t.tokens);
+    write_tokens(bad, tok, 100, 20240521, 1, 100);  expect_refused(load_tokens_file, bad, "magic", "tokens: wrong magic");
+    write_tokens(bad, tok, 100, TOKENS_MAGIC, 2, 100); expect_refused(load_tokens_file, bad, "version", "tokens: wrong version");
+    write_tokens(bad, tok, 99, TOKENS_MAGIC, 1, 100); expect_refused(load_tokens_file, bad, "truncated", "tokens: one token short");
+    write_tokens(bad, tok, 100, TOKENS_MAGIC, 1, 99); expect_refused(load_tokens_file, bad, "oversized", "tokens: one token extra");
+    write_tokens(bad, tok, 100, TOKENS_MAGIC, 1, -5); expect_refused(load_tokens_file, bad, "negative", "tokens: negative count");
+    write_tokens(bad, tok, 100, TOKENS_MAGIC, 1, 2000000000); expect_refused(load_tokens_file, bad, "truncated", "tokens: huge count");
+    int64_t size;
+    uint8_t *d = slurp(good, &size);
+    if (d) { variant(bad, d, size, -1, 0, 17); expect_refused(load_tokens_file, bad, "truncated", "tokens: truncated header"); }
+    free(d);
+    tpath(bad, sizeof bad, "no_such_tokens.bin");
+    expect_refused(load_tokens_file, bad, "cannot open", "tokens: missing file");
+    remove(good);
+    tpath(bad, sizeof bad, "bad_tokens.bin");
+    remove(bad);
+}
+
+static void test_tokenizer_files(void) {
+    char good[256], bad[256];
+    tpath(good, sizeof good, "tok.bin");
+    tpath(bad, sizeof bad, "bad_tok.bin");
+    // 3 tokens: "a", "bc", "<eot>"
+    uint8_t body[] = {1, 'a', 2, 'b', 'c', 5, '<', 'e', 'o', 't', '>'};
+    int32_t h[256] = {0};
+    h[0] = TOKENIZER_MAGIC; h[1] = 2; h[2] = 3; h[3] = 2;
+    uint8_t file[1024 + sizeof body];
+    memcpy(file, h, 1024);
+    memcpy(file + 1024, body, sizeof body);
+    int64_t size = (int64_t)sizeof file;
+    spit(good, file, size);
+    Tokenizer t;
+    if (tokenizer_load(&t, good) == 0) {
+        EXPECT(t.vocab_size == 3 && t.eot == 2 && t.data[t.offset[1]] == 'b' && t.data[t.offset[1] - 1] == 2, "parsed wrongly");
+        tokenizer_free(&t);
+    } else EXPECT(0, "good tokenizer: %s", train_error_text);
+    variant(bad, file, size, 0, 20240329, size);  expect_refused(load_tokenizer_file, bad, "magic", "tokenizer: wrong magic");
+    variant(bad, file, size, 1, 1, size);         expect_refused(load_tokenizer_file, bad, "version", "tokenizer: wrong version");
+    variant(bad, file, size, 2, 4, size);         expect_refused(load_tokenizer_file, bad, "truncated", "tokenizer: vocab too big");
+    variant(bad, file, size, 2, 2, size);         expect_refused(load_tokenizer_file, bad, "header", "tokenizer: eot >= vocab");
+    variant(bad, file, size, 2, 0, size);         expect_refused(load_tokenizer_file, bad, "header", "tokenizer: empty vocabulary");
+    variant(bad, file, size, -1, 0, size - 1);    expect_refused(load_tokenizer_file, bad, "truncated", "tokenizer: truncated by 1 byte");
+    variant(bad, file, size, -1, 0, size + 1);    expect_refused(load_tokenizer_file, bad, "oversized", "tokenizer: 1 extra byte");
+    variant(bad, file, size, -1, 0, 1000);        expect_refused(load_tokenizer_file, bad, "truncated", "tokenizer: truncated header");
+    uint8_t zero[sizeof file];
+    memcpy(zero, file, sizeof file);
+    zero[1024 + 2] = 0;                           // "bc" gets length 0
+    spit(bad, zero, size);                        expect_refused(load_tokenizer_file, bad, "length 0", "tokenizer: zero-length token");
+    tpath(bad, sizeof bad, "no_such_tok.bin");
+    expect_refused(load_tokenizer_file, bad, "cannot open", "tokenizer: missing file");
+    remove(good);
+    tpath(bad, sizeof bad, "bad_tok.bin");
+    remove(bad);
+}
+
+static void test_state_files(void) {
+    char good[256], bad[256];
+    tpath(good, sizeof good, "state.bin");
+    tpath(bad, sizeof bad, "bad_state.bin");
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42}, back;
+    EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
+    EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
+    int64_t size;
+    uint8_t *d = slurp(good, &size);
+    if (!d) { EXPECT(0, "cannot read %s", good); return; }
+    variant(bad, d, size, 0, 1, size);        expect_refused(load_state_file, bad, "magic", "state: wrong magic");
+    variant(bad, d, size, 2, 9, size);        expect_refused(load_state_file, bad, "version", "state: wrong version");
+    variant(bad, d, size, 5, -1, size);       expect_refused(load_state_file, bad, "step", "state: negative step");
+    variant(bad, d, size, 14, 99, size);      expect_refused(load_state_file, bad, "inconsistent", "state: bad recipe");
+    variant(bad, d, size, -1, 0, size - 8);   expect_refused(load_state_file, bad, "truncated", "state: truncated");
+    variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
+    free(d);
+    // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
+    GPT2Config c;
+    config_from_descriptor(&c, "d1c32h1v64t8");
+    GPT2 m;
+    bnb8_optimizer *opt = NULL;
+    double sb[NUM_PARAM_TENSORS];
+    if (gpt2_init_random(&m, &c, 1) == 0 && optimizer_build(&opt, &m, &recipes[1], &optimizers[0], 1e-3f, 0.1f, sb) == 0) {
+        char op[256];
+        tpath(op, sizeof op, "optim.bin");
+        EXPECT(bnb8_optimizer_save(opt, op) == 0, "%s", bnb8_last_error());
+        if ((d = slurp(op, &size))) {
+            variant(bad, d, size, -1, 0, size - 3);
+            EXPECT(bnb8_optimizer_load(opt, bad) != 0 && strstr(bnb8_last_error(), bad), "optimizer file: '%s'", bnb8_last_error());
+            free(d);
+        }
+        remove(op);
+    } else EXPECT(0, "%s", train_error_text);
+    bnb8_optimizer_free(opt);
+    gpt2_free(&m);
+    remove(good);
+    remove(bad);
+}
+
+// The committed data loads, decodes, and a tiny GPT-2-vocabulary model runs a few steps on it and
+// samples (the path `make train` takes, at a size that fits a test).
+static void test_fortunes_smoke(void) {
+    Tokenizer tok;
+    if (tokenizer_load(&tok, DEFAULT_DATA_DIR "gpt2_tokenizer.bin")) { EXPECT(0, "%s", train_error_text); return; }
+    EXPECT(tok.vocab_size == 50257 && tok.eot == 50256, "tokenizer: vocab %d, eot %d", tok.vocab_size, tok.eot);
+    EXPECT(tok.data[tok.offset[50256] - 1] == 13 && memcmp(tok.data + tok.offset[50256], "<|endoftext|>", 13) == 0,
+           "token 50256 is not <|endoftext|>");
+    EXPECT(memcmp(tok.data + tok.offset[464] - 1, "\3The", 4) == 0, "token 464 is not 'The'");
+    TrainArgs a;
+    train_args_default(&a);
+    a.model = "d1c32h1"; a.B = 2; a.T = 16; a.steps = 3; a.eval_every = 3; a.val_batches = 2; a.verbose = 0;
+    TrainResult r = {0};
+    EXPECT(train_run(&a, &r) == 0, "%s", train_error_text);
+    EXPECT(r.first_loss > 10.0f && r.first_loss < 11.5f, "first loss %.4f, expected about ln 50257 = 10.8", (double)r.first_loss);
+    EXPECT(isfinite(r.val_loss), "val loss %g", (double)r.val_loss);
+    GPT2Config c;
+    config_from_descriptor(&c, "d1c32h1t16");
+    GPT2 m;
+    if (gpt2_init_random(&m, &c, 2) == 0 && gpt2_alloc_acts(&m, 1, 16) == 0) {
+        int ids[16];
+        Rng rng = {5};
+        int64_t n = generate(&m, &rng, tok.eot, 40, ids);
+        EXPECT(n == 16 && ids[0] == 50256, "generated %lld tokens", (long long)n);
+        for (int64_t i = 0; i < n; i++) EXPECT(ids[i] >= 0 && ids[i] < 50257, "token %d", ids[i]);
+    } else EXPECT(0, "%s", train_error_text);
+    gpt2_free(&m);
+    tokenizer_free(&tok);
+}
+
+// Descriptors, flags, and the recipe that is not built yet.
+static void test_settings(void) {
+    GPT2Config c;
+    EXPECT(config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
+           c.vocab_size == 50257 && c.padded_vocab_size == 50304 && c.max_seq_len == 1024, "d12");
+    EXPECT(config_from_descriptor(&c, "d72") == 0 && c.channels == 2880 && c.num_heads == 30, "d72");
+    EXPECT(config_from_descriptor(&c, "d48") == 0 && c.channels == 1600 && c.num_heads == 25, "d48");
+    EXPECT(config_from_descriptor(&c, "d4c128h4") == 0 && c.channels == 128 && c.num_heads == 4 && c.num_layers == 4, "d4c128h4");
+    EXPECT(config_from_descriptor(&c, "d2c32h2v64t16") == 0 && c.vocab_size == 64 && c.padded_vocab_size == 64 &&
+           c.max_seq_len == 16, "tiny");
+    const char *bad[] = {"", "d", "x12", "d12x", "d2c30h4", "d0", "dd2", "d2c32c32", "c32d2", "d2h0", "12"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        EXPECT(config_from_descriptor(&c, bad[i]) != 0, "descriptor '%s' accepted", bad[i]);
+    struct { int argc; const char *argv[4]; const char *what; } cases[] = {
+        {2, {"t", "-Q"}, "unknown flag"}, {3, {"t", "-Q", "1"}, "unknown flag"}, {2, {"t", "-b"}, "needs a value"},
+        {3, {"t", "-b", "0"}, "-b"}, {3, {"t", "-b", "x"}, "-b"}, {3, {"t", "-l", "-1"}, "-l"},
+        {3, {"t", "-r", "4bit"}, "recipe"}, {3, {"t", "-p", "adam"}, "optimizer"}, {2, {"t", "file.bin"}, "unexpected"},
+        {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}};
+    TrainArgs a;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int s = parse_args(cases[i].argc, (char **)cases[i].argv, &a);
+        EXPECT(s == -1 && strstr(train_error_text, cases[i].what), "case %zu: %d '%s'", i, s, train_error_text);
+    }
+    FILE *null = fopen("/dev/null", "w");
+    if (null) { usage(null); fclose(null); }
+    const char *help[] = {"t", "-h"};
+    EXPECT(parse_args(2, (char **)help, &a) == 1, "-h");
+    const char *good[] = {"t", "-b", "4", "-r", "fp32", "-p", "lion", "-n", "7", "-l", "1e-3", "-w", "1"};
+    EXPECT(parse_args(13, (char **)good, &a) == 0 && a.B == 4 && a.steps == 7 && a.stable_embedding == 1 &&
+           strcmp(a.optimizer, "lion") == 0 && a.lr == 1e-3f, "good flags: %s", train_error_text);
+    tiny_args(&a, "flash", "adamw", 3);
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "P4"), "flash: '%s'", train_error_text);
+    tiny_args(&a, "8bit", "adamw", 3);
+    a.ckpt_every = 1;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-o"), "checkpoints without -o: '%s'", train_error_text);
+    tiny_args(&a, "8bit", "adamw", 3);
+    a.T = 17;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "maxT"), "T > maxT: '%s'", train_error_text);
+    // Every schedule value: warm-up rises linearly, cosine ends at final_lr_frac * lr.
+    tiny_args(&a, "8bit", "adamw", 100);
+    a.warmup = 10; a.final_lr_frac = 0.1f;
+    EXPECT(lr_schedule(&a, 1.0f, 1) == 0.1f && lr_schedule(&a, 1.0f, 10) == 1.0f, "warm-up");
+    EXPECT(fabsf(lr_schedule(&a, 1.0f, 100) - 0.1f) < 1e-7f && lr_schedule(&a, 1.0f, 55) < 0.56f &&
+           lr_schedule(&a, 1.0f, 55) > 0.54f, "cosine");
+}
+
+void tests_train(void) {
+    tverbose = getenv("BNB8_TEST_VERBOSE") != NULL;
+    snprintf(tdir, sizeof tdir, "/tmp/bnb8_train_XXXXXX");
+    if (!mkdtemp(tdir)) { printf("test_train: mkdtemp failed\n"); return; }
+    make_data_files();
+    test_run("train: gradients vs finite differences of a double forward", test_gradients);
+    test_run("train: the same with StableEmbedding", test_gradients_stable);
+    test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
+    test_run("train: 50 steps lower the loss; 8-bit within 2% of fp32", test_training);
+    test_run("train: stop and resume is bit-exact (fp32, 8bit; adamw, lion, sgd)", test_resume);
+    test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
+    test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
+    test_run("train: tokenizer files: bad ones refused, naming the file", test_tokenizer_files);
+    test_run("train: trainer and optimizer state files: bad ones refused", test_state_files);
+    test_run("train: the embedded fortunes data, a few steps and a sample", test_fortunes_smoke);
+    test_run("train: descriptors, flags, flash refused, schedule", test_settings);
+    remove_tree(tdir);
+}
