@@ -29,7 +29,7 @@ ifneq ($(NVCC),)
   endif
   CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
   NVCCFLAGS  ?= -O3
-  override NVCCFLAGS += -std=c++17 -fmad=false $(NVCC_ARCH) -Xcompiler -ffp-contract=off -I.
+  override NVCCFLAGS += -std=c++17 --split-compile 0 -fmad=false $(NVCC_ARCH) -Xcompiler -ffp-contract=off -I.
   CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart
   LIB_OBJS   := $(BUILD)/bnb8_gpu.o $(BUILD)/bnb8_cuda.o
 else
@@ -47,7 +47,7 @@ endif
 TEST_SRCS := $(wildcard test/test_*.c)
 HEADERS   := bnb8.h test/test.h
 
-.PHONY: all info test test-asan test-gpu test-gpu-sanitize bench bench-cpu clean
+.PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu clean
 all: info $(BUILD)/libbnb8.a
 
 info:
@@ -90,7 +90,42 @@ test: info $(BUILD)/readme_example $(BUILD)/test_cpu
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs it too).
 test-asan:
-	$(MAKE) --no-print-directory BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+	$(MAKE) --no-print-directory BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow" test
+
+# The exhaustive versions of some tests (the 100-kill checkpoint test, ...): the same program with
+# BNB8_TEST_FULL=1, which each test group reads.
+test-full: info $(BUILD)/test_cpu
+	BNB8_TEST_FULL=1 ./$(BUILD)/test_cpu
+
+# libFuzzer harnesses for every loader (dev/fuzz/, clang, ASan + UBSan): model, tokens, tokenizer,
+# optimizer state, checkpoint directory. Each harness writes its seeds with the library's and the
+# trainer's own writers, then runs FUZZ_SECONDS; FUZZ="model tokens" picks some. Corpora grow in
+# $(BUILD)/fuzz/corpus_NAME, logs in $(BUILD)/fuzz/NAME.log, a crashing input lands in $(BUILD)/fuzz/.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES   := model tokens tokenizer optim_state checkpoint
+FUZZ         ?= $(FUZZ_NAMES)
+FUZZ_CFLAGS  := -g -O1 -std=c11 -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas -ffp-contract=off \
+                -fno-fast-math -I. $(if $(filter-out /usr/include,$(STB_DIR)),-I$(STB_DIR)) \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+$(BUILD)/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h bnb8.c bnb8.h train_gpt2_8bit.c | $(BUILD)
+	@mkdir -p $(BUILD)/fuzz
+	@printf 'int LLVMFuzzerTestOneInput(const char *d, long n){(void)d;(void)n;return 0;}' | \
+	    $(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || \
+	    { echo "bnb8: make fuzz needs clang with libFuzzer: apt-get install clang libclang-rt-dev"; exit 1; }
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $< bnb8.c -o $@ -lm
+
+fuzz: $(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ))
+	@for h in $(FUZZ); do \
+	    rm -rf $(BUILD)/fuzz/seeds_$$h && mkdir -p $(BUILD)/fuzz/seeds_$$h $(BUILD)/fuzz/corpus_$$h && \
+	    FUZZ_WRITE_SEEDS=$(BUILD)/fuzz/seeds_$$h ./$(BUILD)/fuzz/fuzz_$$h || exit 1; \
+	    if ./$(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=2048 \
+	        -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus_$$h \
+	        $(BUILD)/fuzz/seeds_$$h > $(BUILD)/fuzz/$$h.log 2>&1; then \
+	        echo "fuzz $$h: $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' $(BUILD)/fuzz/$$h.log)," \
+	             "$$(grep -E '(DONE|pulse|NEW|REDUCE) +cov' $(BUILD)/fuzz/$$h.log | tail -n1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+')"; \
+	    else tail -n 40 $(BUILD)/fuzz/$$h.log; echo "fuzz $$h: FAILED (log $(BUILD)/fuzz/$$h.log)"; exit 1; fi; \
+	done
 
 # The GPT-2 trainer (CPU). -O3 and the host's vector units: IEEE arithmetic is kept (no contraction,
 # no fast-math), so its results match the tests' -O2 build bit for bit. `make train` runs it with
@@ -117,6 +152,17 @@ $(BUILD)/test_gpu: test/test_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
 $(BUILD)/bench_gpu: dev/bench/bench_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
 
+# The GPU GPT-2 model (gpt2_cuda.cu, cuBLASLt) and its device test against the trainer's CPU model
+# (test/gpt2_cpu_ref.c compiles train_gpt2_8bit.c with -DTRAIN_NO_MAIN).
+$(BUILD)/gpt2_cuda.o: gpt2_cuda.cu gpt2_cuda.h bnb8.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/gpt2_cpu_ref.o: test/gpt2_cpu_ref.c test/gpt2_cpu_ref.h train_gpt2_8bit.c bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/gpt2_cuda.o $(BUILD)/gpt2_cpu_ref.o $(BUILD)/libbnb8.a gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/gpt2_cuda.o $(BUILD)/gpt2_cpu_ref.o $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
+
 ifneq ($(NVCC),)
 test-gpu: info $(BUILD)/test_gpu
 	./$(BUILD)/test_gpu
@@ -127,6 +173,11 @@ test-gpu-sanitize: info $(BUILD)/test_gpu
 	BNB8_TEST_QUICK=1 compute-sanitizer --tool racecheck --error-exitcode 1 ./$(BUILD)/test_gpu
 	BNB8_TEST_QUICK=1 compute-sanitizer --tool synccheck --error-exitcode 1 ./$(BUILD)/test_gpu
 
+# The GPU GPT-2 model against the CPU one, bf16 against fp32, d12 throughput;
+# GPT2_TEST_QUICK=1 ./build/test_gpt2_cuda: the small configurations only (compute-sanitizer).
+test-gpt2-gpu: info $(BUILD)/test_gpt2_cuda
+	./$(BUILD)/test_gpt2_cuda
+
 # bnb8's kernels, then the peers in the same call when PyTorch is there (bitsandbytes and
 # flashoptim from .whl/site when carried: dev/bench/peers/README.md).
 bench: info $(BUILD)/bench_gpu
@@ -135,7 +186,7 @@ bench: info $(BUILD)/bench_gpu
 	    PYTHONPATH=$(CURDIR)/.whl/site$${PYTHONPATH:+:$$PYTHONPATH} python3 dev/bench/peers/bench_peers.py; \
 	else echo "bnb8: peers not timed (no python3 with torch)"; fi
 else
-test-gpu test-gpu-sanitize bench:
+test-gpu test-gpu-sanitize test-gpt2-gpu bench:
 	@echo "bnb8: $@ needs the CUDA toolkit (nvcc) and an NVIDIA GPU; nvcc was not found" && exit 1
 endif
 

@@ -167,7 +167,7 @@ static int bnb8_compare_floats(const void *a, const void *b) {
 
 int bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
     if (!x || !code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_quantile: x or code is NULL");
-    if (n <= 0) return bnb8_fail(BNB8_ERR_SIZE, "bnb8_map_quantile: n = %lld", (long long)n);
+    if (n <= 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "bnb8_map_quantile: n = %lld", (long long)n);
     float *sorted = (float *)malloc((size_t)n * sizeof(float));
     if (!sorted) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_map_quantile: %lld floats", (long long)n);
     int64_t m = 0;
@@ -201,7 +201,7 @@ int bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
 
 static int bnb8_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
                                 const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
-    if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
+    if (n < 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld not in 0..2^52", fn, (long long)n);
     if (n > 0 && (!a || !b || !c || !d)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     int status = bnb8_check_blocksize(fn, blocksize);
     return status ? status : bnb8_check_dtype(fn, dtype);
@@ -227,9 +227,12 @@ int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const
             else bad++;
         }
         absmax[b] = amax;
+        float r = bnb8_reciprocal(amax);
         for (int64_t i = start; i < end; i++) {
             float v = bnb8_load(x, dtype, i);
-            q[i] = (uint8_t)(amax > 0.0f && bnb8_isfinite(v) ? bnb8_nearest_code_fast(cb, v / amax) : zero_code);
+            int c = zero_code, exact = 0;
+            if (amax > 0.0f && bnb8_isfinite(v)) c = bnb8_nearest_code_near(cb, v * r, &exact);
+            q[i] = (uint8_t)(exact ? bnb8_nearest_code_fast(cb, v / amax) : c);
         }
     }
     free(cb);
@@ -253,7 +256,8 @@ int bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, 
 
 int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
                      float *absmax2, float *mean) {
-    if (nblocks < 0) return bnb8_fail(BNB8_ERR_SIZE, "bnb8_nest_absmax: nblocks = %lld < 0", (long long)nblocks);
+    if (nblocks < 0 || nblocks > BNB8_MAX_ELEMENTS)
+        return bnb8_fail(BNB8_ERR_SIZE, "bnb8_nest_absmax: nblocks = %lld not in 0..2^52", (long long)nblocks);
     if (!absmax || !q2 || !absmax2 || !mean) return bnb8_fail(BNB8_ERR_NULL, "bnb8_nest_absmax: NULL argument");
     int status = bnb8_check_blocksize("bnb8_nest_absmax", blocksize);
     if (status) return status;
@@ -281,6 +285,71 @@ int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int6
 }
 
 // ------------------------------------------------------------------------------------------------
+// FlashOptim arrays (SPEC §6.1, §6.2): the per-element functions of bnb8.h over whole arrays
+
+static int bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t n, bnb8_dtype narrow,
+                          const void *corr, int corr_bytes) {
+    if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
+    if (n > 0 && (!a || !b)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
+    if (narrow != BNB8_BF16 && narrow != BNB8_F16)
+        return bnb8_fail(BNB8_ERR_DTYPE, "%s: narrow dtype %d is not bf16 or f16", fn, (int)narrow);
+    if (corr && corr_bytes != 1 && corr_bytes != 2)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: corr_bytes %d is not 1 (int8) or 2 (int16)", fn, corr_bytes);
+    return BNB8_OK;
+}
+
+int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes) {
+    int status = bnb8_check_ecc("bnb8_ecc_encode", x, narrow, n, narrow_dtype, corr, corr_bytes);
+    if (status) return status;
+    int bytes = corr ? corr_bytes : 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) bnb8_master_store(narrow, narrow_dtype, corr, bytes, i, x[i]);
+    return BNB8_OK;
+}
+
+int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out) {
+    int status = bnb8_check_ecc("bnb8_ecc_decode", narrow, out, n, narrow_dtype, corr, corr_bytes);
+    if (status) return status;
+    int bytes = corr ? corr_bytes : 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = bnb8_master_load(narrow, narrow_dtype, corr, bytes, i);
+    return BNB8_OK;
+}
+
+static int bnb8_check_compand(const char *fn, const void *a, const void *b, const void *c, int64_t n, bnb8_dtype dt) {
+    if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
+    if (n > 0 && (!a || !b || !c)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
+    return bnb8_check_dtype(fn, dt);
+}
+
+int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales) {
+    int status = bnb8_check_compand("bnb8_compand", x, codes, scales, n, scale_dtype);
+    if (status) return status;
+    int64_t ngroups = (n + BNB8_FLASH_GROUP - 1) / BNB8_FLASH_GROUP;
+    is_signed = is_signed != 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < ngroups; g++) {
+        int64_t start = g * BNB8_FLASH_GROUP, end = start + BNB8_FLASH_GROUP < n ? start + BNB8_FLASH_GROUP : n;
+        float amax = 0.0f;
+        for (int64_t i = start; i < end; i++) amax = fmaxf(amax, bnb8_compand_magnitude(x[i], is_signed));
+        float scale = bnb8_scale_round_up(amax, scale_dtype);
+        bnb8_store(scales, scale_dtype, g, scale);
+        for (int64_t i = start; i < end; i++) codes[i] = bnb8_compand_value(x[i], scale, is_signed);
+    }
+    return BNB8_OK;
+}
+
+int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out) {
+    int status = bnb8_check_compand("bnb8_expand", codes, scales, out, n, scale_dtype);
+    if (status) return status;
+    is_signed = is_signed != 0;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = bnb8_expand_value(codes[i], bnb8_load(scales, scale_dtype, i / BNB8_FLASH_GROUP), is_signed);
+    return BNB8_OK;
+}
+
+// ------------------------------------------------------------------------------------------------
 // Optimizers
 
 #ifndef BNB8_NO_STB_DS_IMPLEMENTATION   // define it if your program already compiles stb_ds
@@ -297,11 +366,15 @@ typedef struct {
     int64_t n;
     int on_gpu;
     bnb8_config cfg;            // the base configuration or this tensor's override
-    bnb8_state_format format;   // 8-bit only from cfg.min_8bit_size elements on
+    bnb8_state_format format;   // 8-bit or flash only from cfg.min_8bit_size elements on
     int nstates;
     int64_t step;
     void *state[3];             // (n) floats, or (n) codes, per state
     float *absmax[3];           // (ceil(n / blocksize)) per 8-bit state
+    void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash state
+    bnb8_dtype scale_dtype;
+    int correction_bytes;       // bf16/fp16 weights of a flash configuration: 1 or 2 (cfg), else 0
+    void *correction;           // (n) int8 or int16
     float *gnorm_history;       // (100) squared gradient norms, for percentile clipping
     void *memory;               // the one allocation all of the above live in
     size_t memory_bytes;
@@ -339,6 +412,7 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
     c.lr = 1e-3f; c.beta1 = 0.9f; c.beta2 = 0.999f; c.beta3 = 0.9999f; c.eps = 1e-8f;
     c.alpha = 0.99f; c.percentile_clipping = 100; c.format = BNB8_STATE_8BIT;
     c.blocksize = 256; c.min_8bit_size = 4096;
+    c.correction_bytes = 1; c.scale_dtype = BNB8_BF16;
     switch (kind) {
     case BNB8_ADAMW: c.weight_decay = 1e-2f; break;
     case BNB8_LAMB: c.max_unorm = 1.0f; break;
@@ -353,7 +427,12 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
     return c;
 }
 
-static int bnb8_check_config(const char *fn, const bnb8_config *c) {
+// The optimizers with a flash form (SPEC §6.3).
+static int bnb8_flash_kind(bnb8_optim kind) {
+    return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION;
+}
+
+static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config *c) {
     const float in01[] = {c->beta1, c->beta2, c->beta3, c->momentum, c->dampening};
     for (int i = 0; i < 5; i++)
         if (!(in01[i] >= 0.0f && in01[i] <= 1.0f))
@@ -363,8 +442,15 @@ static int bnb8_check_config(const char *fn, const bnb8_config *c) {
         return bnb8_fail(BNB8_ERR_ARG, "%s: lr, eps, weight_decay, alpha or max_unorm out of range", fn);
     if (c->percentile_clipping < 1 || c->percentile_clipping > 100)
         return bnb8_fail(BNB8_ERR_ARG, "%s: percentile_clipping %d not in 1..100", fn, c->percentile_clipping);
-    if (c->format != BNB8_STATE_32BIT && c->format != BNB8_STATE_8BIT)
+    if (c->format != BNB8_STATE_32BIT && c->format != BNB8_STATE_8BIT && c->format != BNB8_STATE_FLASH)
         return bnb8_fail(BNB8_ERR_ARG, "%s: unknown state format %d", fn, (int)c->format);
+    if (c->format == BNB8_STATE_FLASH && !bnb8_flash_kind(kind))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: the flash state format exists for AdamW, Adam, SGD and Lion only, "
+                         "not optimizer kind %d", fn, (int)kind);
+    if (c->correction_bytes < 0 || c->correction_bytes > 2)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not 0 (none), 1 (int8) or 2 (int16)", fn, c->correction_bytes);
+    if (bnb8_dtype_size(c->scale_dtype) == 0)
+        return bnb8_fail(BNB8_ERR_DTYPE, "%s: scale_dtype %d is not f32, f16 or bf16", fn, (int)c->scale_dtype);
     if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3 and min_8bit_size must be >= 0", fn);
     return bnb8_check_blocksize(fn, c->blocksize);
@@ -376,7 +462,7 @@ int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_conf
     if ((int)kind < 0 || kind >= BNB8_NUM_OPTIMIZERS)
         return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_create: unknown optimizer %d", (int)kind);
     bnb8_config c = cfg ? *cfg : bnb8_config_default(kind);
-    int status = bnb8_check_config("bnb8_optimizer_create", &c);
+    int status = bnb8_check_config("bnb8_optimizer_create", kind, &c);
     if (status) return status;
     bnb8_optimizer *o = (bnb8_optimizer *)calloc(1, sizeof *o);
     if (!o) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_create");
@@ -406,7 +492,7 @@ void bnb8_optimizer_free(bnb8_optimizer *opt) {
 
 int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
     if (!opt || !name || !cfg) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_override: NULL argument");
-    int status = bnb8_check_config("bnb8_optimizer_override", cfg);
+    int status = bnb8_check_config("bnb8_optimizer_override", opt->kind, cfg);
     if (status) return status;
     for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++)
         if (strcmp(opt->tensors[i].name, name) == 0)
@@ -417,27 +503,36 @@ int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_co
 
 static int64_t bnb8_block_count(int64_t n, int64_t blocksize) { return (n + blocksize - 1) / blocksize; }
 
-// Bytes of one tensor's states: per state n floats, or n codes plus an absmax per block.
+// Bytes of one tensor's states: per state n floats, or n codes plus an absmax per block (8-bit) or
+// a scale per group of 32 (flash); plus the weights' correction (n int8 or int16).
 static size_t bnb8_state_bytes(const bnb8_tensor *t) {
     size_t per_state = t->format == BNB8_STATE_8BIT
         ? (size_t)t->n + sizeof(float) * (size_t)bnb8_block_count(t->n, t->cfg.blocksize)
+        : t->format == BNB8_STATE_FLASH
+        ? (size_t)t->n + bnb8_dtype_size(t->scale_dtype) * (size_t)bnb8_block_count(t->n, BNB8_FLASH_GROUP)
         : sizeof(float) * (size_t)t->n;
     size_t history = t->cfg.percentile_clipping < 100 ? 100 * sizeof(float) : 0;
-    return per_state * (size_t)t->nstates + history;
+    return per_state * (size_t)t->nstates + history + (size_t)t->correction_bytes * (size_t)t->n;
 }
 
-// Points a tensor's state arrays into its one allocation: absmax and history first (aligned), then
-// the states.
+// Points a tensor's state arrays into its one allocation, widest elements first so that each is
+// aligned: history, absmax (8-bit) or scales (flash), 32-bit states, the correction, byte codes.
 static void bnb8_layout_states(bnb8_tensor *t) {
     uint8_t *p = (uint8_t *)t->memory;
-    int64_t nblocks = bnb8_block_count(t->n, t->cfg.blocksize);
+    int64_t nblocks = bnb8_block_count(t->n, t->cfg.blocksize), ngroups = bnb8_block_count(t->n, BNB8_FLASH_GROUP);
     if (t->cfg.percentile_clipping < 100) { t->gnorm_history = (float *)p; p += 100 * sizeof(float); }
     for (int k = 0; k < t->nstates; k++) {
         if (t->format == BNB8_STATE_8BIT) { t->absmax[k] = (float *)p; p += sizeof(float) * (size_t)nblocks; }
+        if (t->format == BNB8_STATE_FLASH) { t->scale[k] = p; p += bnb8_dtype_size(t->scale_dtype) * (size_t)ngroups; }
     }
-    for (int k = 0; k < t->nstates; k++) {
+    for (int k = 0; k < t->nstates && t->format == BNB8_STATE_32BIT; k++) {
         t->state[k] = p;
-        p += t->format == BNB8_STATE_8BIT ? (size_t)t->n : sizeof(float) * (size_t)t->n;
+        p += sizeof(float) * (size_t)t->n;
+    }
+    if (t->correction_bytes) { t->correction = p; p += (size_t)t->correction_bytes * (size_t)t->n; }
+    for (int k = 0; k < t->nstates && t->format != BNB8_STATE_32BIT; k++) {
+        t->state[k] = p;
+        p += (size_t)t->n;
     }
 }
 
@@ -445,7 +540,9 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
                        void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
     const char *fn = "bnb8_optimizer_add";
     if (!opt || !name || !param) return bnb8_fail(BNB8_ERR_NULL, "%s: opt, name or param is NULL", fn);
-    if (n <= 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s' has n = %lld", fn, name, (long long)n);
+    if (n <= 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s' has n = %lld", fn, name, (long long)n);
+    if (strlen(name) > BNB8_MAX_NAME)   // the state file's limit: a longer name would save but not load
+        return bnb8_fail(BNB8_ERR_ARG, "%s: a name of %zu bytes (at most %d)", fn, strlen(name), BNB8_MAX_NAME);
     int status = bnb8_check_dtype(fn, param_dtype);
     if (!status) status = bnb8_check_dtype(fn, grad_dtype);
     if (status) return status;
@@ -459,8 +556,10 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' has param and grad on different devices", fn, name);
     ptrdiff_t o = shgeti(opt->overrides, name);
     t.cfg = o >= 0 ? opt->overrides[o].value : opt->cfg;
-    t.format = t.cfg.format == BNB8_STATE_8BIT && n >= t.cfg.min_8bit_size ? BNB8_STATE_8BIT : BNB8_STATE_32BIT;
+    t.format = t.cfg.format != BNB8_STATE_32BIT && n >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.nstates = bnb8_state_count(opt->kind, t.cfg.momentum);
+    t.scale_dtype = t.cfg.scale_dtype;
+    if (t.cfg.format == BNB8_STATE_FLASH && param_dtype != BNB8_F32) t.correction_bytes = t.cfg.correction_bytes;
     t.memory_bytes = bnb8_state_bytes(&t);
     if (t.memory_bytes > 0) {
         if (t.on_gpu) status = bnb8_cuda_alloc_zeroed(&t.memory, t.memory_bytes);
@@ -526,9 +625,66 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
         m.params += t->n;
         m.weights += (double)t->n * (double)bnb8_dtype_size(t->param_dtype);
         if (with_grads) m.gradients += (double)t->n * (double)bnb8_dtype_size(t->grad_dtype);
-        m.states += (double)t->memory_bytes;
+        m.correction += (double)t->correction_bytes * (double)t->n;
+        m.states += (double)t->memory_bytes - (double)t->correction_bytes * (double)t->n;
     }
     return m;
+}
+
+// Export and import of the fp32 master (SPEC §6.5). GPU tensors go through host copies and the same
+// CPU functions, so the result does not depend on the device.
+int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
+    const char *fn = "bnb8_optimizer_export_fp32";
+    if (!opt || !out) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or out is NULL", fn);
+    if (id < 0 || id >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
+    const bnb8_tensor *t = &opt->tensors[id];
+    if (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(out))
+        return bnb8_fail(BNB8_ERR_DEVICE, "%s: out must be host memory", fn);
+    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
+    const void *param = t->param, *corr = t->correction;
+    void *hp = NULL, *hc = NULL;
+    int status = BNB8_OK;
+    if (t->on_gpu) {
+        hp = malloc(wbytes);
+        hc = cbytes ? malloc(cbytes) : NULL;
+        if (!hp || (cbytes && !hc)) status = bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of '%s'", fn, t->name);
+        if (!status) status = bnb8_cuda_copy(hp, t->param, wbytes, 0);
+        if (!status && cbytes) status = bnb8_cuda_copy(hc, t->correction, cbytes, 0);
+        param = hp; corr = hc;
+    }
+    if (!status) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t->n; i++) out[i] = bnb8_master_load(param, t->param_dtype, corr, t->correction_bytes, i);
+    }
+    free(hp); free(hc);
+    return status;
+}
+
+int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
+    const char *fn = "bnb8_optimizer_import_fp32";
+    if (!opt || !in) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or in is NULL", fn);
+    if (id < 0 || id >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
+    bnb8_tensor *t = &opt->tensors[id];
+    if (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(in))
+        return bnb8_fail(BNB8_ERR_DEVICE, "%s: in must be host memory", fn);
+    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
+    void *param = t->param, *corr = t->correction;
+    int status = BNB8_OK;
+    if (t->on_gpu) {
+        param = malloc(wbytes);
+        corr = cbytes ? malloc(cbytes) : NULL;
+        if (!param || (cbytes && !corr)) status = bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of '%s'", fn, t->name);
+    }
+    if (!status) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t->n; i++) bnb8_master_store(param, t->param_dtype, corr, t->correction_bytes, i, in[i]);
+    }
+    if (t->on_gpu) {
+        if (!status) status = bnb8_cuda_copy(t->param, param, wbytes, 1);
+        if (!status && cbytes) status = bnb8_cuda_copy(t->correction, corr, cbytes, 1);
+        free(param); free(corr);
+    }
+    return status;
 }
 
 // The per-element constants of one step of tensor t (its step count already advanced), computed
@@ -598,6 +754,50 @@ static float bnb8_trust_cpu(const bnb8_optimizer *opt, const bnb8_tensor *t, con
     return bnb8_trust_ratio(a->max_unorm, (float)p2, (float)u2);
 }
 
+// One flash step of a CPU tensor (SPEC §6.3), group by group of 32 in the order bnb8.h describes
+// for both back ends: reconstruct each master weight, expand its states with the group's old
+// scales, update in fp32, store the weight and its correction; then per state the group's new
+// absmax, its stored (rounded-up) scale and the codes against that scale.
+static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_step_args *a) {
+    const int64_t G = BNB8_FLASH_GROUP, per_chunk = 4096 / BNB8_FLASH_GROUP;
+    int64_t ngroups = bnb8_block_count(t->n, G), nchunks = bnb8_block_count(ngroups, per_chunk), bad = 0;
+    int is_signed[3];
+    for (int k = 0; k < t->nstates; k++) is_signed[k] = bnb8_state_signed(opt->kind, k);
+    #pragma omp parallel for schedule(static) reduction(+:bad)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t last = (c + 1) * per_chunk < ngroups ? (c + 1) * per_chunk : ngroups;
+        for (int64_t grp = c * per_chunk; grp < last; grp++) {
+            int64_t start = grp * G, end = start + G < t->n ? start + G : t->n;
+            float fresh[3][BNB8_FLASH_GROUP], amax[3] = {0.0f, 0.0f, 0.0f}, old[3];
+            for (int k = 0; k < t->nstates; k++) old[k] = bnb8_load(t->scale[k], t->scale_dtype, grp);
+            for (int64_t i = start; i < end; i++) {
+                float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
+                float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+                for (int k = 0; k < t->nstates; k++)
+                    s[k] = bnb8_expand_value(((const uint8_t *)t->state[k])[i], old[k], is_signed[k]);
+                if (bnb8_isfinite(g)) {
+                    float u = bnb8_direction(a, p, g, s);
+                    bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i,
+                                      bnb8_apply(a, p, u, 1.0f));
+                } else {
+                    bad++;           // the element keeps its weight, correction and states
+                }
+                for (int k = 0; k < t->nstates; k++) {
+                    fresh[k][i - start] = s[k];
+                    amax[k] = fmaxf(amax[k], bnb8_compand_magnitude(s[k], is_signed[k]));
+                }
+            }
+            for (int k = 0; k < t->nstates; k++) {
+                float scale = bnb8_scale_round_up(amax[k], t->scale_dtype);
+                bnb8_store(t->scale[k], t->scale_dtype, grp, scale);
+                uint8_t *codes = (uint8_t *)t->state[k];
+                for (int64_t i = start; i < end; i++) codes[i] = bnb8_compand_value(fresh[k][i - start], scale, is_signed[k]);
+            }
+        }
+    }
+    opt->nonfinite += bad;
+}
+
 // One step of one CPU tensor. 32-bit states are updated in place; 8-bit states block by block:
 // dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
@@ -612,6 +812,7 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
         gnorm_scale *= bnb8_percentile_scale(t->gnorm_history, t->step, (float)g2, t->cfg.percentile_clipping);
     }
     bnb8_step_args a = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
+    if (t->format == BNB8_STATE_FLASH) { bnb8_step_flash_cpu(opt, t, &a); return; }
     float trust = (opt->kind == BNB8_LAMB || opt->kind == BNB8_LARS) ? bnb8_trust_cpu(opt, t, &a) : 1.0f;
     int64_t blocksize = t->format == BNB8_STATE_8BIT ? t->cfg.blocksize : 4096;
     int64_t nblocks = bnb8_block_count(t->n, blocksize), bad = 0;
@@ -620,11 +821,13 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
         int64_t start = b * blocksize, end = start + blocksize < t->n ? start + blocksize : t->n;
         float fresh[3][4096], amax[3] = {0.0f, 0.0f, 0.0f};
         for (int64_t i = start; i < end; i++) {
-            float p = bnb8_load(t->param, t->param_dtype, i), g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+            float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
+            float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
             bnb8_load_states(opt, t, i, s);
             if (bnb8_isfinite(g)) {
                 float u = bnb8_direction(&a, p, g, s);
-                bnb8_store(t->param, t->param_dtype, i, bnb8_apply(&a, p, u, trust));
+                bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i,
+                                  bnb8_apply(&a, p, u, trust));
             } else {
                 bad++;               // the element keeps its parameter and its states
             }
@@ -638,11 +841,15 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
         for (int k = 0; k < t->nstates; k++) {
             int is_signed = bnb8_state_signed(opt->kind, k), zero_code = is_signed ? 127 : 0;
             uint8_t *codes = (uint8_t *)t->state[k];
+            const bnb8_codebook *book = &opt->books[is_signed];
+            float r = bnb8_reciprocal(amax[k]);
             t->absmax[k][b] = amax[k];
-            for (int64_t i = start; i < end; i++)
-                codes[i] = (uint8_t)(amax[k] > 0.0f
-                    ? bnb8_quantize_value(&opt->books[is_signed], zero_code, fresh[k][i - start], amax[k])
-                    : zero_code);
+            for (int64_t i = start; i < end; i++) {
+                float v = fresh[k][i - start];
+                int c = zero_code, exact = 0;
+                if (amax[k] > 0.0f) c = bnb8_quantize_value_near(book, zero_code, v, r, &exact);
+                codes[i] = (uint8_t)(exact ? bnb8_quantize_value(book, zero_code, v, amax[k]) : c);
+            }
         }
     }
     opt->nonfinite += bad;
@@ -671,6 +878,11 @@ static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float l
         g->blocksize = (int32_t)t->cfg.blocksize;
         g->percentile = t->cfg.percentile_clipping;
         g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
+        g->format = t->format;
+        g->correction_bytes = t->correction_bytes;
+        g->scale_dtype = t->scale_dtype;
+        g->correction = t->correction;
+        for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
     }
     int status = bnb8_cuda_step(&opt->gpu_context, d, m, opt->code[0], opt->code[1], stream);
     free(d);
@@ -687,9 +899,9 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
     int gpu_tensors = 0;
     for (int i = 0; i < count; i++) {
         if (ids[i] < 0 || ids[i] >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, ids[i]);
-        if (!opt->tensors[ids[i]].grad)
-            return bnb8_fail(BNB8_ERR_NULL, "%s: '%s' has no gradient", fn, opt->tensors[ids[i]].name);
-        gpu_tensors += opt->tensors[ids[i]].on_gpu;
+        const bnb8_tensor *t = &opt->tensors[ids[i]];
+        if (!t->grad) return bnb8_fail(BNB8_ERR_NULL, "%s: '%s' has no gradient", fn, t->name);
+        gpu_tensors += t->on_gpu;
     }
     for (int i = 0; i < count; i++)
         if (!opt->tensors[ids[i]].on_gpu) bnb8_step_tensor_cpu(opt, &opt->tensors[ids[i]], lr, gnorm_scale);
@@ -712,10 +924,32 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 //   header: "BNB8OPT\0", u32 version, u32 optimizer kind, u32 tensor count, u32 CRC-32 of the above
 //   per tensor: u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
 //               u64 bytes, then the tensor's state memory as it lies (gradient-norm history,
-//               absmax per state, then the states), u32 CRC-32 of the record
+//               absmax (8-bit) or scales (flash) per state, 32-bit states, the weights'
+//               correction, code bytes per state), then, for a tensor whose weights carry a
+//               correction, the bf16/fp16 weights themselves (a correction means nothing without
+//               the exact weights it corrects, and import_fp32(export_fp32(w)) is not always w);
+//               u32 CRC-32 of the record
+//   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash); bits 8..15 the scale dtype
+//           of flash states; bits 16..23 the correction bytes and bits 24..31 the weights' dtype
+//           of corrected weights. Block size: the 8-bit block size, 32 for flash states.
+// 32-bit and 8-bit records are unchanged since the first files, so the version stays 1: a reader
+// without flash refuses a flash record by its format, and every reader reads the others.
 
 #define BNB8_STATE_MAGIC "BNB8OPT"
 #define BNB8_STATE_VERSION 1u
+
+static uint32_t bnb8_record_format(const bnb8_tensor *t) {
+    uint32_t f = (uint32_t)t->format;
+    if (t->format == BNB8_STATE_FLASH) f |= (uint32_t)t->scale_dtype << 8;
+    if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16 | (uint32_t)t->param_dtype << 24;
+    return f;
+}
+static int64_t bnb8_record_block(const bnb8_tensor *t) {
+    return t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : t->cfg.blocksize;
+}
+static size_t bnb8_record_weight_bytes(const bnb8_tensor *t) {
+    return t->correction_bytes ? bnb8_dtype_size(t->param_dtype) * (size_t)t->n : 0;
+}
 
 static uint32_t bnb8_crc32(uint32_t crc, const void *data, size_t len) {
     static uint32_t table[256];
@@ -775,23 +1009,32 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     ok &= bnb8_write(f, &header_crc, 4, &crc);
     for (ptrdiff_t i = 0; ok && !status && i < arrlen(opt->tensors); i++) {
         const bnb8_tensor *t = &opt->tensors[i];
-        uint32_t name_len = (uint32_t)strlen(t->name), format = (uint32_t)t->format, nstates = (uint32_t)t->nstates;
-        uint64_t bytes = t->memory_bytes;
-        void *host = NULL;
+        uint32_t name_len = (uint32_t)strlen(t->name), format = bnb8_record_format(t), nstates = (uint32_t)t->nstates;
+        size_t weight_bytes = bnb8_record_weight_bytes(t);
+        uint64_t bytes = t->memory_bytes + weight_bytes;
+        int64_t block = bnb8_record_block(t);
+        void *host = NULL, *weights = t->param;
         if ((status = bnb8_state_to_host(t, &host))) break;
+        if (weight_bytes && t->on_gpu) {
+            if (!(weights = malloc(weight_bytes))) status = bnb8_fail(BNB8_ERR_NOMEM, "%s: weights of '%s'", fn, t->name);
+            else if ((status = bnb8_cuda_copy(weights, t->param, weight_bytes, 0))) { free(weights); weights = NULL; }
+            if (status) { if (host != t->memory) free(host); break; }
+        }
         crc = 0;
         ok &= bnb8_write(f, &name_len, 4, &crc);
         ok &= bnb8_write(f, t->name, name_len, &crc);
         ok &= bnb8_write(f, &t->n, 8, &crc);
         ok &= bnb8_write(f, &format, 4, &crc);
         ok &= bnb8_write(f, &nstates, 4, &crc);
-        ok &= bnb8_write(f, &t->cfg.blocksize, 8, &crc);
+        ok &= bnb8_write(f, &block, 8, &crc);
         ok &= bnb8_write(f, &t->step, 8, &crc);
         ok &= bnb8_write(f, &bytes, 8, &crc);
         ok &= bnb8_write(f, host, t->memory_bytes, &crc);
+        ok &= bnb8_write(f, weights, weight_bytes, &crc);
         uint32_t record_crc = crc;
         ok &= bnb8_write(f, &record_crc, 4, &crc);
         if (host != t->memory) free(host);
+        if (weights != t->param) free(weights);
     }
     ok &= fflush(f) == 0;
     ok &= fsync(fileno(f)) == 0;
@@ -813,7 +1056,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
     int status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
-    char magic[8], name[4097];
+    char magic[8], name[BNB8_MAX_NAME + 1];
     uint32_t crc = 0, header[3], stored_crc;
     if (!status && (!bnb8_read(f, magic, 8, &crc) || memcmp(magic, BNB8_STATE_MAGIC, 8) != 0))
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is not a bnb8 optimizer state file (bad magic)", fn, path);
@@ -834,7 +1077,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
         int64_t n, blocksize;
         uint64_t bytes;
         crc = 0;
-        int ok = bnb8_read(f, &name_len, 4, &crc) && name_len <= 4096 && bnb8_read(f, name, name_len, &crc);
+        int ok = bnb8_read(f, &name_len, 4, &crc) && name_len <= BNB8_MAX_NAME && bnb8_read(f, name, name_len, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: tensor %lld: truncated or bad name", fn, path, (long long)i); break; }
         name[name_len] = 0;
         if (strcmp(name, t->name) != 0) {
@@ -844,12 +1087,17 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
         ok = bnb8_read(f, &n, 8, &crc) && bnb8_read(f, &format, 4, &crc) && bnb8_read(f, &nstates, 4, &crc) &&
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
-        if (n != t->n || format != (uint32_t)t->format || nstates != (uint32_t)t->nstates ||
-            (format == BNB8_STATE_8BIT && blocksize != t->cfg.blocksize) || bytes != t->memory_bytes || steps[i] < 0) {
-            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has n %lld, format %u, %u states, block %lld, %llu bytes; "
-                               "registered: n %lld, format %d, %d states, block %lld, %zu bytes", fn, path, name,
+        size_t want_bytes = t->memory_bytes + bnb8_record_weight_bytes(t);
+        if (n != t->n || format != bnb8_record_format(t) || nstates != (uint32_t)t->nstates ||
+            (t->format != BNB8_STATE_32BIT && blocksize != bnb8_record_block(t)) || bytes != want_bytes) {
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has n %lld, format 0x%x, %u states, block %lld, %llu bytes; "
+                               "registered: n %lld, format 0x%x, %d states, block %lld, %zu bytes", fn, path, name,
                                (long long)n, format, nstates, (long long)blocksize, (unsigned long long)bytes,
-                               (long long)t->n, (int)t->format, t->nstates, (long long)t->cfg.blocksize, t->memory_bytes);
+                               (long long)t->n, bnb8_record_format(t), t->nstates, (long long)bnb8_record_block(t), want_bytes);
+            break;
+        }
+        if (steps[i] < 0 || steps[i] > BNB8_MAX_ELEMENTS) {   // stepping on could overflow a huge count
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has step count %lld", fn, path, name, (long long)steps[i]);
             break;
         }
         if (bytes && !(staged[i] = malloc(bytes))) { status = bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); break; }
@@ -865,8 +1113,15 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     // Every record is valid: only now change the optimizer.
     for (ptrdiff_t i = 0; !status && i < count; i++) {
         bnb8_tensor *t = &opt->tensors[i];
-        if (t->on_gpu) status = bnb8_cuda_copy(t->memory, staged[i], t->memory_bytes, 1);
-        else if (t->memory_bytes) memcpy(t->memory, staged[i], t->memory_bytes);
+        size_t weight_bytes = bnb8_record_weight_bytes(t);
+        const uint8_t *weights = staged[i] ? (const uint8_t *)staged[i] + t->memory_bytes : NULL;   // NULL: empty record
+        if (t->on_gpu) {
+            status = bnb8_cuda_copy(t->memory, staged[i], t->memory_bytes, 1);
+            if (!status && weight_bytes) status = bnb8_cuda_copy(t->param, weights, weight_bytes, 1);
+        } else {
+            if (t->memory_bytes) memcpy(t->memory, staged[i], t->memory_bytes);
+            if (weight_bytes) memcpy(t->param, weights, weight_bytes);
+        }
         t->step = steps[i];
     }
     for (ptrdiff_t i = 0; staged && i < count; i++) free(staged[i]);

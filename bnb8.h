@@ -43,6 +43,12 @@ enum {
     BNB8_NUM_ERRORS
 };
 
+// Sizes: every element count n (and block count) is at most BNB8_MAX_ELEMENTS (2^52, so that no byte
+// count overflows); larger ones, like negative ones, are refused with BNB8_ERR_SIZE. Tensor names
+// are at most BNB8_MAX_NAME bytes (what a state file can hold).
+#define BNB8_MAX_ELEMENTS (INT64_C(1) << 52)
+#define BNB8_MAX_NAME 4096
+
 // The meaning of a status code, e.g. "block size is not a power of two in 64..4096".
 const char *bnb8_strerror(int status);
 // The detailed message of the last failed call on this thread (names the argument or file).
@@ -98,7 +104,11 @@ typedef enum {
     BNB8_ADEMAMIX, BNB8_NUM_OPTIMIZERS
 } bnb8_optim;
 
-typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1 } bnb8_state_format;
+// 32-bit: fp32 states. 8-bit: block-wise dynamic codes + fp32 absmax per block (bitsandbytes).
+// Flash (FlashOptim, SPEC §6; AdamW, Adam, SGD, Lion only): companded 8-bit codes + one scale per
+// group of 32, and bf16/fp16 weights carry an error-correction array that makes them a near-fp32
+// master. Tensors under min_8bit_size keep 32-bit states (flash ones keep their correction).
+typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2 } bnb8_state_format;
 
 typedef struct {
     float lr;                    // base learning rate; each step passes the scheduled one
@@ -110,9 +120,11 @@ typedef struct {
     int64_t t_alpha, t_beta3;    // AdEMAMix warm-up steps for alpha and beta3 (0 = none)
     float max_unorm;             // LAMB / LARS trust bound (0 = off)
     int percentile_clipping;     // 1..99: clip g at that percentile of the last 100 norms; 100 = off
-    bnb8_state_format format;    // 32-bit or 8-bit block-wise states
+    bnb8_state_format format;    // 32-bit, 8-bit block-wise or flash (companded) states
     int64_t blocksize;           // 8-bit block size: a power of two, 64..4096 (default 256)
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
+    int correction_bytes;        // flash, bf16/fp16 weights: 0 = no correction, 1 = int8 (default), 2 = int16
+    bnb8_dtype scale_dtype;      // flash: the group scales' type, BNB8_BF16 (default), BNB8_F16 or BNB8_F32
 } bnb8_config;
 
 typedef struct bnb8_optimizer bnb8_optimizer;
@@ -150,6 +162,7 @@ typedef struct {
     double weights;              // the parameters themselves
     double gradients;            // the gradient buffers (0 when with_grads is 0: gradient release)
     double states;               // optimizer states with their absmax / scales
+    double correction;           // flash: the error correction of bf16/fp16 master weights
 } bnb8_memory;
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 
@@ -158,6 +171,27 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
 // Reads states written by bnb8_optimizer_save; the file must match the registered tensors (names,
 // sizes, formats). On any error nothing is changed and the message names the problem.
 int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
+
+// The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors): bf16/fp16
+// weights plus their correction (SPEC §6.1), else the weights widened or copied.
+int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
+// Sets tensor id's weights (and correction) from n fp32 masters in host memory: RNE + correction.
+// Exact for fp32 weights; import(export(w)) may move about 0.2% of corrected weights by one bf16
+// ulp (a tie after decoding), so state files hold the corrected weights themselves.
+int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
+
+// FlashOptim's techniques as array functions (SPEC §6; the optimizer applies them per element).
+// Master-weight splitting: narrow[i] = RNE(x[i]) in bf16 or fp16, and when corr is not NULL its
+// correction (corr_bytes 1: int8, 2: int16) that brings it within ulp/508 (int8) or 1 fp32 ulp.
+int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes);
+// out[i] = narrow[i] + corr[i] / QMAX * 2^L (corr NULL: the narrow value widened).
+int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out);
+// Companded 8-bit codes: per group of 32 a scale (the group absmax of x, or of sqrt(x) for an
+// unsigned state) stored rounded up in scale_dtype (ceil(n/32) values), and per value one byte:
+// softsign int8 (is_signed) or sqrt uint8. Non-finite values are left out of the scale, coded 0.
+int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales);
+// out[i] = the value of codes[i] under its group's stored scale.
+int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out);
 
 // GPU twins (bnb8_cuda.cu): the same arguments, pointers in device memory, plus the stream to run
 // on (a cudaStream_t; NULL is the default stream). They return without synchronizing.
@@ -271,9 +305,10 @@ BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
 // The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x.
 // Each entry holds the number j of thresholds below its whole bucket and, when exactly one
 // threshold lies inside (always so for the dynamic maps), that threshold's low 16 bits: x and it
-// share every higher bit, so one integer comparison of the low bits decides. Buckets holding more
-// thresholds (dense or odd maps), the tiny-exponent bucket when a threshold is in it, and NaN fall
-// back to the binary search. One 32-bit table read per value instead of eight comparisons.
+// share every higher bit, so one integer comparison of the low bits decides (for negative buckets
+// both are stored complemented, so that "greater" means "above" for either sign). Buckets holding
+// more thresholds (dense or odd maps), the tiny-exponent bucket when a threshold is in it, and NaN
+// fall back to the binary search. One 32-bit table read per value instead of eight comparisons.
 #define BNB8_LOOKUP_BITS 7
 #define BNB8_LOOKUP_E0 103             // exponents below (|x| < 2^-24) share one bucket
 #define BNB8_LOOKUP_EXACT ((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS)   // buckets of one exponent
@@ -288,10 +323,11 @@ typedef struct {
 } bnb8_codebook;
 
 BNB8_HD int bnb8_bucket(float x) {
-    uint32_t u = bnb8_f32_bits(x), mag = u & 0x7fffffffu, e = mag >> 23;
-    int k = e < BNB8_LOOKUP_E0 ? 0
-          : e >= 127 ? (mag > 0x7f800000u ? BNB8_LOOKUP_HALF - 1 : BNB8_LOOKUP_HALF - 2)
-          : 1 + (int)((mag >> (23 - BNB8_LOOKUP_BITS)) - (BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS));
+    uint32_t u = bnb8_f32_bits(x), mag = u & 0x7fffffffu;
+    int k = (int)(mag >> (23 - BNB8_LOOKUP_BITS)) - ((BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS) - 1);
+    k = k < 0 ? 0 : k;                                               // tiny
+    k = k > BNB8_LOOKUP_HALF - 2 ? BNB8_LOOKUP_HALF - 2 : k;         // [1, inf]
+    k = mag > 0x7f800000u ? BNB8_LOOKUP_HALF - 1 : k;                // NaN
     return (u >> 31) ? BNB8_LOOKUP_HALF + k : k;
 }
 
@@ -308,7 +344,7 @@ BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b) {
     uint32_t j = (uint32_t)bnb8_count_below(t, first), inside = (uint32_t)bnb8_count_at_most(t, last) - j;
     if (inside == 0) return j << 16;
     int exact = k > 0 && k < BNB8_LOOKUP_HALF - 2;
-    if (inside == 1 && exact) return BNB8_ENTRY_ONE | j << 16 | (bnb8_f32_bits(t[j]) & 0xffffu);
+    if (inside == 1 && exact) return BNB8_ENTRY_ONE | j << 16 | ((bnb8_f32_bits(t[j]) ^ (negative ? 0xffffu : 0u)) & 0xffffu);
     return BNB8_ENTRY_SEARCH;
 }
 BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {
@@ -316,13 +352,30 @@ BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {
     for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) cb->entry[b] = bnb8_codebook_entry(cb->t, b);
 }
 
+// The low 16 bits of x, complemented for a negative x (as the table stores its thresholds).
+BNB8_HD uint32_t bnb8_low_bits(float x) {
+    uint32_t u = bnb8_f32_bits(x);
+    return (u ^ (uint32_t)((int32_t)u >> 31)) & 0xffffu;
+}
+
 BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
-    uint32_t u = bnb8_f32_bits(x), e = cb->entry[bnb8_bucket(x)];
+    uint32_t e = cb->entry[bnb8_bucket(x)];
     if (e & BNB8_ENTRY_SEARCH) return bnb8_nearest_code(cb->t, x);
-    uint32_t j = (e >> 16) & 255u, one = (e >> 24) & 1u, lx = u & 0xffffu, lt = e & 0xffffu;
-    uint32_t below = (u >> 31) ? lx < lt : lx > lt;        // the threshold is below x
+    uint32_t j = (e >> 16) & 255u, one = (e >> 24) & 1u, lx = bnb8_low_bits(x), lt = e & 0xffffu;
     uint32_t tie = lx == lt;                               // x is the threshold: to the even index
-    return (int)(j + (one & (below | (tie & j))));
+    return (int)(j + (one & ((lx > lt) | (tie & j))));
+}
+
+// The code of x / a from q = x * r, r = 1 / a, without the division. q is within 3 ulps of the
+// correctly rounded x / a (two roundings of relative error 2^-24 each, r normal), so they have
+// the same code unless q lies within 8 ulps of a threshold or of its bucket's edge: then *exact
+// is set and the caller divides (about 1 value in 2000; SPEC §2 keeps the result exact).
+BNB8_HD int bnb8_nearest_code_near(const bnb8_codebook *cb, float q, int *exact) {
+    uint32_t e = cb->entry[bnb8_bucket(q)];
+    uint32_t j = (e >> 16) & 255u, one = (e >> 24) & 1u, lx = bnb8_low_bits(q), lt = e & 0xffffu;
+    uint32_t near_threshold = one & (lx - lt + 8u <= 16u), near_edge = ((lx + 8u) & 0xffffu) <= 16u;
+    *exact = (int)((e >> 25) | near_threshold | near_edge);
+    return (int)(j + (one & (lx > lt)));
 }
 
 // Code of a state value s in a block of absmax a (a > 0). For signed maps (zero code z > 0) a
@@ -331,6 +384,19 @@ BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s,
     int q = bnb8_nearest_code_fast(cb, s / a);
     if (q == zero_code && zero_code > 0 && s < 0.0f) q = zero_code - 1;
     return q;
+}
+
+// The same code from r = bnb8_reciprocal(a), without dividing; where *exact is set, the caller
+// must take bnb8_quantize_value's (a fast pass over a block, then the few exact ones).
+BNB8_HD int bnb8_quantize_value_near(const bnb8_codebook *cb, int zero_code, float s, float r, int *exact) {
+    int q = bnb8_nearest_code_near(cb, s * r, exact);
+    if (q == zero_code && zero_code > 0 && s < 0.0f) q = zero_code - 1;
+    return q;
+}
+// 1 / a for a block's absmax a, or NaN when 1 / a would not be a normal float (NaN falls in the
+// table's NaN bucket, so every value of the block is marked exact).
+BNB8_HD float bnb8_reciprocal(float a) {
+    return a >= 0x1p-125f && a <= 0x1p125f ? 1.0f / a : bnb8_bits_f32(0x7fc00000u);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -430,6 +496,133 @@ BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnor
 }
 
 // ------------------------------------------------------------------------------------------------
+// FlashOptim per element (SPEC §6). A flash step of one group of 32 elements, on either back end:
+//   per element  p = bnb8_master_load(...); g = bnb8_load(grad, ...);
+//                s[k] = bnb8_expand_value(code_k, old scale_k, signed_k);
+//                if bnb8_isfinite(g): bnb8_master_store(..., bnb8_apply(a, p, bnb8_direction(a, p, g, s), 1))
+//                (else count it: weight, correction and s[k] stay as they were)
+//   per group    amax_k = fmaxf over the group of bnb8_compand_magnitude(s[k], signed_k), from 0.0f;
+//                scale_k = bnb8_scale_round_up(amax_k, scale_dtype); bnb8_store(scales_k, scale_dtype, group, scale_k)
+//   per element  code_k = bnb8_compand_value(s[k], scale_k, signed_k)
+
+#define BNB8_FLASH_GROUP 32
+
+BNB8_HD float bnb8_narrow_to_f32(uint16_t bits, bnb8_dtype narrow) {
+    return narrow == BNB8_BF16 ? bnb8_bf16_to_f32(bits) : bnb8_f16_to_f32(bits);
+}
+BNB8_HD uint16_t bnb8_f32_to_narrow(float x, bnb8_dtype narrow) {
+    return narrow == BNB8_BF16 ? bnb8_f32_to_bf16(x) : bnb8_f32_to_f16(x);
+}
+
+// Master-weight splitting (SPEC §6.1). L such that 2^L is half an ulp of the narrow value n: its
+// unbiased exponent E from its own bits (zero and subnormals: 1 - bias), L = E - M - 1.
+BNB8_HD int bnb8_ecc_shift(uint16_t bits, bnb8_dtype narrow) {
+    if (narrow == BNB8_BF16) { int e = (bits >> 7) & 0xff; return (e ? e : 1) - 127 - 7 - 1; }
+    int e = (bits >> 10) & 0x1f;
+    return (e ? e : 1) - 15 - 10 - 1;
+}
+BNB8_HD int32_t bnb8_ecc_qmax(int corr_bytes) { return corr_bytes == 1 ? 127 : 32767; }
+
+// 2^e as a float, e in -149..127 (a power of two is exact there). x * bnb8_pow2(e) is ldexpf(x, e)
+// whenever 2^e is a float: both are the exact product rounded once.
+BNB8_HD float bnb8_pow2(int e) {
+    return e >= -126 ? bnb8_bits_f32((uint32_t)(e + 127) << 23) : bnb8_bits_f32(1u << (e + 149));
+}
+
+// The correction of x whose narrow value is bits (= RNE(x)): round half away from zero of
+// clamp((x - n) 2^-L, -1, 1) QMAX; 0 when n is not finite. x - n is exact, ldexpf is exact.
+BNB8_HD int32_t bnb8_ecc_code(float x, uint16_t bits, bnb8_dtype narrow, int32_t qmax) {
+    float n = bnb8_narrow_to_f32(bits, narrow);
+    if (!bnb8_isfinite(n)) return 0;
+    // (x - n) 2^-L, exactly: -L reaches 134 for bf16, past the largest float power of two, but
+    // then x - n is tiny and the first factor 2^64 cannot overflow.
+    float d = x - n;
+    int up = -bnb8_ecc_shift(bits, narrow);
+    if (up > 127) { d = d * 0x1p64f; up -= 64; }
+    float t = d * bnb8_pow2(up);
+    return (int32_t)roundf(fminf(fmaxf(t, -1.0f), 1.0f) * (float)qmax);
+}
+// q / QMAX, the correction's fraction of half an ulp (a table of 256 for int8 on the GPU).
+BNB8_HD float bnb8_ecc_unit(int32_t q, int32_t qmax) { return (float)q / (float)qmax; }
+// The master from the narrow bits, the code q and its unit: n + unit 2^L; n itself (its sign of
+// zero too) when q = 0. L >= -134, so 2^L is a float.
+BNB8_HD float bnb8_ecc_value_unit(uint16_t bits, bnb8_dtype narrow, int32_t q, float unit) {
+    float n = bnb8_narrow_to_f32(bits, narrow);
+    if (q == 0) return n;
+    return n + unit * bnb8_pow2(bnb8_ecc_shift(bits, narrow));
+}
+// The master: n + (q / QMAX) 2^L.
+BNB8_HD float bnb8_ecc_value(uint16_t bits, bnb8_dtype narrow, int32_t q, int32_t qmax) {
+    return bnb8_ecc_value_unit(bits, narrow, q, bnb8_ecc_unit(q, qmax));
+}
+
+// Element i of a parameter as its master: bf16/fp16 with a correction array (corr_bytes 1 or 2),
+// or the plain value (corr_bytes 0, fp32). The store writes RNE(x) and x's new correction.
+BNB8_HD float bnb8_master_load(const void *param, bnb8_dtype dtype, const void *corr, int corr_bytes, int64_t i) {
+    if (dtype == BNB8_F32 || corr_bytes == 0) return bnb8_load(param, dtype, i);
+    int32_t q = corr_bytes == 1 ? (int32_t)((const int8_t *)corr)[i] : (int32_t)((const int16_t *)corr)[i];
+    return bnb8_ecc_value(((const uint16_t *)param)[i], dtype, q, bnb8_ecc_qmax(corr_bytes));
+}
+BNB8_HD void bnb8_master_store(void *param, bnb8_dtype dtype, void *corr, int corr_bytes, int64_t i, float x) {
+    if (dtype == BNB8_F32 || corr_bytes == 0) { bnb8_store(param, dtype, i, x); return; }
+    uint16_t bits = bnb8_f32_to_narrow(x, dtype);
+    int32_t q = bnb8_ecc_code(x, bits, dtype, bnb8_ecc_qmax(corr_bytes));
+    ((uint16_t *)param)[i] = bits;
+    if (corr_bytes == 1) ((int8_t *)corr)[i] = (int8_t)q;
+    else ((int16_t *)corr)[i] = (int16_t)q;
+}
+
+// Companded 8-bit states (SPEC §6.2). What a group's scale covers: |x| of a signed state, sqrt(x)
+// of a non-negative one; +0 for non-finite values (and negative ones of an unsigned state).
+BNB8_HD float bnb8_compand_magnitude(float x, int is_signed) {
+    if (!bnb8_isfinite(x)) return 0.0f;
+    if (is_signed) return fabsf(x);
+    return x > 0.0f ? sqrtf(x) : 0.0f;
+}
+// The stored scale of a group of absmax amax >= 0: amax rounded up to dtype (so scale >= amax;
+// bf16/fp16 may round up to +inf), a value that bnb8_store(scales, dtype, g, scale) keeps exactly.
+BNB8_HD float bnb8_scale_round_up(float amax, bnb8_dtype dtype) {
+    if (dtype == BNB8_F32) return amax;
+    uint16_t b = bnb8_f32_to_narrow(amax, dtype);
+    if (bnb8_narrow_to_f32(b, dtype) < amax) b++;      // the next value up (0x7f7f -> inf for bf16)
+    return bnb8_narrow_to_f32(b, dtype);
+}
+// The code byte of a state value x in a group of stored scale s. Signed: z = x/s, softsign
+// y = 2z/(1+|z|), q = floor(127 y + 0.5) in [-127, 127] as int8. Unsigned: z = sqrt(x)/s,
+// q = floor(255 z + 0.5). Scale 0 (an all-zero group), non-finite x or z: code 0.
+BNB8_HD uint8_t bnb8_compand_value(float x, float scale, int is_signed) {
+    if (!(scale > 0.0f) || !bnb8_isfinite(x)) return 0;
+    if (is_signed) {
+        float z = x / scale, y = (2.0f * z) / (1.0f + fabsf(z)), q = floorf(y * 127.0f + 0.5f);
+        if (!(q == q)) return 0;
+        return (uint8_t)(int)fminf(fmaxf(q, -127.0f), 127.0f);   // two's complement byte
+    }
+    float z = bnb8_compand_magnitude(x, 0) / scale, q = floorf(z * 255.0f + 0.5f);
+    if (!(q == q)) return 0;
+    return (uint8_t)(int)fminf(fmaxf(q, 0.0f), 255.0f);
+}
+// The value of a code byte under scale s: signed y = q/127, z = y/(2 - |y|), x = z s; unsigned
+// x = (q/255 s)^2. Code 0 is exactly 0 whatever the scale.
+// Split in two so that the GPU reads the part that depends on the code alone from a table:
+// unit = z for a signed code (y = q/127, z = y / (2 - |y|)), q/255 for an unsigned one.
+BNB8_HD float bnb8_expand_unit(uint8_t code, int is_signed) {
+    if (is_signed) {
+        float y = (float)((int)code - (code & 0x80 ? 256 : 0)) / 127.0f;
+        return y / (2.0f - fabsf(y));
+    }
+    return (float)code / 255.0f;
+}
+BNB8_HD float bnb8_expand_from_unit(float unit, float scale, int is_signed) {
+    if (is_signed) return unit * scale;
+    float w = unit * scale;
+    return w * w;
+}
+BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
+    if (code == 0) return 0.0f;
+    return bnb8_expand_from_unit(bnb8_expand_unit(code, is_signed), scale, is_signed);
+}
+
+// ------------------------------------------------------------------------------------------------
 // The optimizer's GPU path (internal): bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch.
 
@@ -444,6 +637,11 @@ typedef struct {
     int64_t first_chunk;         // filled by bnb8_cuda.cu: index of this tensor's first chunk
     int32_t param_dtype, grad_dtype, eight_bit, blocksize, percentile;
     bnb8_step_args args;
+    int32_t format;              // bnb8_state_format of the states (32-bit, 8-bit, flash)
+    int32_t correction_bytes;    // 0, or 1 / 2: param is bf16/fp16 with an int8/int16 correction
+    int32_t scale_dtype;         // flash states: the dtype of the group scales
+    void *correction;            // (n) int8 or int16, when correction_bytes > 0
+    void *scale[2];              // flash states: (ceil(n / 32)) scales per state
 } bnb8_gpu_tensor;
 
 // Steps count tensors on stream; *context holds the optimizer's device scratch (created on first

@@ -84,16 +84,19 @@ __device__ void bnb8_store4(void *x, int dtype, int64_t i, int64_t n, bool vec, 
     for (int j = 0; j < 4; j++) if (i + j < n) bnb8_store(x, (bnb8_dtype)dtype, i + j, v[j]);
 }
 
-__device__ void bnb8_load_codes4(const uint8_t *q, int64_t i, int64_t n, bool vec, uint8_t c[4]) {
-    if (vec && i + 4 <= n) { uint32_t w = BNB8_LD((const unsigned int *)(q + i)); memcpy(c, &w, 4); return; }
+// Codes i..i+3 packed in a word (byte j = code i + j; zero past n).
+__device__ uint32_t bnb8_load_codes4(const uint8_t *q, int64_t i, int64_t n, bool vec) {
+    if (vec && i + 4 <= n) return BNB8_LD((const unsigned int *)(q + i));
+    uint32_t w = 0;
     #pragma unroll
-    for (int j = 0; j < 4; j++) c[j] = i + j < n ? q[i + j] : 0;
+    for (int j = 0; j < 4; j++) if (i + j < n) w |= (uint32_t)q[i + j] << (8 * j);
+    return w;
 }
 
-__device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, const uint8_t c[4]) {
-    if (vec && i + 4 <= n) { uint32_t w; memcpy(&w, c, 4); BNB8_ST((unsigned int *)(q + i), w); return; }
+__device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, uint32_t w) {
+    if (vec && i + 4 <= n) { BNB8_ST((unsigned int *)(q + i), w); return; }
     #pragma unroll
-    for (int j = 0; j < 4; j++) if (i + j < n) q[i + j] = c[j];
+    for (int j = 0; j < 4; j++) if (i + j < n) q[i + j] = (uint8_t)(w >> (8 * j));
 }
 
 // Fills a codebook in shared memory, all threads of the block together.
@@ -109,23 +112,27 @@ __device__ void bnb8_codebook_fill(bnb8_codebook *cb, const float *code) {
 // threads of the block call it with the same B.
 template <int R>
 __device__ void bnb8_block_max(float amax[R], int B, float *scratch) {
+    // B is a power of two, so the divisions below are shifts and masks.
     int lanes = B / BNB8_V < 32 ? B / BNB8_V : 32;
     #pragma unroll
-    for (int r = 0; r < R; r++)
-        for (int off = 1; off < lanes; off <<= 1) amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], off));
+    for (int off = 1; off < 32; off <<= 1) {
+        if (off >= lanes) break;
+        #pragma unroll
+        for (int r = 0; r < R; r++) amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], off));
+    }
     if (B <= 128) return;
-    int rows = B / 128 < R ? B / 128 : R;
+    int rows = B >> 7 < R ? B >> 7 : R;                // rows of one block in the warp's segment
     float m[R];
     #pragma unroll
     for (int r = 0; r < R; r++) {
         m[r] = 0.0f;
         #pragma unroll
-        for (int rr = 0; rr < R; rr++) if (rr / rows == r / rows) m[r] = fmaxf(m[r], amax[rr]);
+        for (int rr = 0; rr < R; rr++) if ((rr ^ r) < rows) m[r] = fmaxf(m[r], amax[rr]);
     }
     #pragma unroll
     for (int r = 0; r < R; r++) amax[r] = m[r];
     if (B <= 128 * R) return;
-    int warp = threadIdx.x / 32, warps = B / (128 * R), w0 = warp / warps * warps;
+    int warp = threadIdx.x / 32, warps = B / (128 * R), w0 = warp & ~(warps - 1);
     __syncthreads();                                   // scratch may still be read by a former call
     if (threadIdx.x % 32 == 0) scratch[warp] = amax[0];
     __syncthreads();
@@ -170,10 +177,22 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
         for (int r = 0; r < R; r++) {
             int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
             if (i < n && (i & (blocksize - 1)) == 0) absmax[i >> shift] = amax[r];
-            uint8_t c[4];
+            // Codes without dividing; the rare values next to a threshold divide afterwards.
+            float rec = bnb8_reciprocal(amax[r]);
+            uint32_t c = 0, redo = 0;
             #pragma unroll
-            for (int j = 0; j < 4; j++)
-                c[j] = (uint8_t)(amax[r] > 0.0f && bnb8_isfinite(v[r][j]) ? bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) : zero_code);
+            for (int j = 0; j < 4; j++) {
+                int exact = 0, code = zero_code;
+                if (amax[r] > 0.0f && bnb8_isfinite(v[r][j])) code = bnb8_nearest_code_near(&cb, v[r][j] * rec, &exact);
+                c |= (uint32_t)code << (8 * j);
+                redo |= (uint32_t)exact << j;
+            }
+            if (redo) {
+                #pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if ((redo >> j) & 1u)
+                        c = (c & ~(255u << (8 * j))) | (uint32_t)bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) << (8 * j);
+            }
             bnb8_store_codes4(q, i, n, vec, c);
         }
     }
@@ -183,21 +202,33 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
     }
 }
 
+// Dequantization: chunks of 4 rows of 1024 elements, each thread's 4 code words loaded before use.
+#define BNB8_DEQUANT_ROWS 4
 __global__ void __launch_bounds__(BNB8_THREADS)
 bnb8_dequantize_kernel(const uint8_t *q, const float *absmax, int64_t n, const float *code, int shift,
                        void *out, int dtype) {
     __shared__ float c[256];
     c[threadIdx.x] = code[threadIdx.x];
     __syncthreads();
+    const int R = BNB8_DEQUANT_ROWS;
     bool vec = ((uintptr_t)out & 15) == 0 && ((uintptr_t)q & 3) == 0;
-    for (int64_t i = ((int64_t)blockIdx.x * BNB8_THREADS + threadIdx.x) * BNB8_V; i < n;
-         i += (int64_t)gridDim.x * BNB8_ROW) {
-        uint8_t k[4];
-        bnb8_load_codes4(q, i, n, vec, k);
-        float a = absmax[i >> shift], v[4];
+    int64_t chunks = (n + (int64_t)R * BNB8_ROW - 1) / ((int64_t)R * BNB8_ROW);
+    for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+        uint32_t w[R];
+        float a[R];
         #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = c[k[j]] * a;
-        bnb8_store4(out, dtype, i, n, vec, v);
+        for (int r = 0; r < R; r++) {
+            int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
+            w[r] = bnb8_load_codes4(q, i, n, vec);
+            a[r] = i < n ? absmax[i >> shift] : 0.0f;
+        }
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v[4];
+            #pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = c[(w[r] >> (8 * j)) & 255u] * a[r];
+            bnb8_store4(out, dtype, chunk * R * BNB8_ROW + bnb8_offset<R>(r), n, vec, v);
+        }
     }
 }
 
@@ -217,13 +248,27 @@ static int bnb8_cuda_check_blockwise(const char *fn, const void *a, const void *
     return BNB8_OK;
 }
 
-// Blocks for a persistent grid: enough to fill every SM several times over, no more than needed.
-static int64_t bnb8_persistent_grid(int64_t chunks, int per_sm) {
-    int device = 0, sms = 132;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    int64_t most = (int64_t)sms * per_sm;
-    return chunks < most ? (chunks > 0 ? chunks : 1) : most;
+// Blocks for a persistent grid: as many as fit on the GPU at once (one wave: a second, partial
+// wave would leave SMs idle at the end), no more than there are chunks. *per_sm caches the
+// occupancy of kernel (0 = not yet asked); shared memory is preferred over L1 for it.
+template <typename Kernel>
+static int bnb8_persistent_grid(Kernel kernel, int smem, int *per_sm, int64_t chunks, int64_t *grid) {
+    const char *fn = "bnb8_persistent_grid";
+    int device = 0, sms = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    if (!status) status = bnb8_cuda_status(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (!status && *per_sm == 0) {
+        status = bnb8_cuda_status(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                           (int)cudaSharedmemCarveoutMaxShared));
+        if (!status && smem > 48 * 1024)
+            status = bnb8_cuda_status(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        if (!status) status = bnb8_cuda_status(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, BNB8_THREADS, smem));
+        if (!status && *per_sm < 1) status = bnb8_fail(BNB8_ERR_CUDA, "%s: a kernel does not fit on this GPU", fn);
+        if (status) *per_sm = 0;
+    }
+    if (status) return status;
+    int64_t most = (int64_t)sms * *per_sm;
+    *grid = chunks < most ? (chunks > 0 ? chunks : 1) : most;
+    return BNB8_OK;
 }
 
 int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
@@ -235,10 +280,16 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
     unsigned long long *count = (unsigned long long *)nonfinite;
     if (count && (status = bnb8_cuda_status(fn, cudaMemsetAsync(count, 0, sizeof *count, stream)))) return status;
     if (n == 0) return BNB8_OK;
+    static int per_sm[2];
     int rows = bnb8_rows_for(blocksize);
-    int64_t grid = bnb8_persistent_grid((n + (int64_t)rows * BNB8_ROW - 1) / ((int64_t)rows * BNB8_ROW), 8);
-    if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
-    else bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
+    int64_t grid, chunks = (n + (int64_t)rows * BNB8_ROW - 1) / ((int64_t)rows * BNB8_ROW);
+    if (rows == 2) {
+        if ((status = bnb8_persistent_grid(bnb8_quantize_kernel<2>, 0, &per_sm[0], chunks, &grid))) return status;
+        bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
+    } else {
+        if ((status = bnb8_persistent_grid(bnb8_quantize_kernel<4>, 0, &per_sm[1], chunks, &grid))) return status;
+        bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
+    }
     return bnb8_cuda_status(fn, cudaGetLastError());
 }
 
@@ -253,7 +304,9 @@ int bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_
     int status = bnb8_cuda_check_blockwise(fn, q, absmax, code, out, n, blocksize, dtype);
     if (status || n == 0) return status;
     int shift = 63 - __builtin_clzll((unsigned long long)blocksize);
-    int64_t grid = bnb8_persistent_grid((n + BNB8_ROW - 1) / BNB8_ROW, 16);
+    static int per_sm;
+    int64_t grid, chunks = (n + (int64_t)BNB8_DEQUANT_ROWS * BNB8_ROW - 1) / ((int64_t)BNB8_DEQUANT_ROWS * BNB8_ROW);
+    if ((status = bnb8_persistent_grid(bnb8_dequantize_kernel, 0, &per_sm, chunks, &grid))) return status;
     bnb8_dequantize_kernel<<<grid, BNB8_THREADS, 0, stream>>>(q, absmax, n, code, shift, out, dtype);
     return bnb8_cuda_status(fn, cudaGetLastError());
 }
@@ -305,7 +358,7 @@ typedef struct {
     int norm_capacity;
     unsigned long long *nonfinite;
     int sms;
-    int update_per_sm[2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    int update_per_sm[2][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
 
 // The tensor of a chunk: the last one whose first_chunk <= chunk. A block's chunks only grow, so
@@ -317,7 +370,7 @@ __device__ int bnb8_find_tensor(const bnb8_gpu_tensor *t, int count, int64_t chu
 
 // Whether a tensor's arrays all allow vector accesses.
 __device__ bool bnb8_tensor_vec(const bnb8_gpu_tensor *t) {
-    uintptr_t bits = (uintptr_t)t->param | (uintptr_t)t->grad;
+    uintptr_t bits = (uintptr_t)t->param | (uintptr_t)t->grad | (uintptr_t)t->correction;
     for (int k = 0; k < t->args.nstates; k++) bits |= (uintptr_t)t->state[k];
     return (bits & 15) == 0;
 }
@@ -342,12 +395,11 @@ __device__ void bnb8_load_states4(const bnb8_gpu_tensor *t, const float (*code)[
     for (int k = 0; k < 3; k++) {
         if (k >= t->args.nstates) break;
         if (!t->eight_bit) { bnb8_load4(t->state[k], BNB8_F32, i, t->n, vec, s[k]); continue; }
-        uint8_t c[4];
-        bnb8_load_codes4((const uint8_t *)t->state[k], i, t->n, vec, c);
+        uint32_t c = bnb8_load_codes4((const uint8_t *)t->state[k], i, t->n, vec);
         float a = i < t->n ? t->absmax[k][i >> bnb8_log2(t->blocksize)] : 0.0f;
         const float *map = code[bnb8_state_signed(t->args.kind, k)];
         #pragma unroll
-        for (int j = 0; j < 4; j++) s[k][j] = map[c[j]] * a;
+        for (int j = 0; j < 4; j++) s[k][j] = map[(c >> (8 * j)) & 255u] * a;
     }
 }
 
@@ -409,94 +461,344 @@ __global__ void bnb8_percentile_kernel(const bnb8_step_header *h, const bnb8_gpu
     norms[ti * BNB8_NORMS + 3] = scale;
 }
 
-// The update: per chunk, load p, g and the states of R rows of 4 elements per thread, update in
-// float32 with the shared math, store p; 8-bit states get their block's new absmax and are
-// requantized from the fresh values. Shared memory (dynamic, above the 48 KB static limit): the
-// unsigned and signed codebooks, then both maps for dequantization.
+// The update. Each CUDA block walks a contiguous range of chunks, so the tensor it works on
+// changes only a few times; the tensor's descriptor and its per-step constants then sit in shared
+// memory. Per chunk, every global load (p, g, state codes or floats, absmax) is issued before any
+// of them is used, so a chunk waits for memory once; then the update in float32 with the shared
+// math, the new p, and for 8-bit states the block's new absmax and the codes of the fresh values.
+// Dynamic shared memory (above the 48 KB static limit): the unsigned and signed codebooks, both
+// maps for dequantization, the current tensor.
 struct bnb8_update_smem {
     bnb8_codebook books[2];
     float code[2][256];
     float scratch[BNB8_WARPS];
+    bnb8_gpu_tensor t;           // the tensor of the current chunks, gnorm_scale made final
+    float trust;                 // its LAMB / LARS trust ratio (1 when off)
+    int shift;                   // log2 of its block size
+    int vec;                     // its arrays allow vector accesses
 };
+
+// The tensor that holds chunk: the last one whose first_chunk <= chunk (binary search).
+__device__ int bnb8_tensor_of(const bnb8_gpu_tensor *t, int count, int64_t chunk) {
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (t[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// One chunk of R rows at element base of the tensor in sm.t. FULL: the whole chunk lies inside
+// the tensor and its arrays allow vector accesses (every chunk but a tensor's last, normally).
+// States an optimizer kind keeps at most (bnb8_state_count with momentum).
+__host__ __device__ constexpr int bnb8_max_states(int kind) {
+    return kind == BNB8_ADEMAMIX ? 3 : kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB ? 2 : 1;
+}
+
+template <int R, int KIND, bool FULL>
+__device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_unsigned, int zero_signed,
+                                  unsigned &bad) {
+    const bnb8_gpu_tensor &t = sm.t;
+    const int64_t n = t.n;
+    const bool vec = FULL || sm.vec;
+    const int nstates = t.args.nstates, eight_bit = t.eight_bit, shift = sm.shift;
+    constexpr int S = bnb8_max_states(KIND);     // states of the kind; SGD and LARS may have none
+    bnb8_step_args args = t.args;
+    args.kind = KIND;
+    float p[R][4], g[R][4], s[R][3][4] = {}, scale[S][R];
+    uint32_t c[S][R];
+    // Every load first.
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        bnb8_load4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
+        bnb8_load4(t.grad, t.grad_dtype, i, FULL ? INT64_MAX : n, vec, g[r]);
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + bnb8_offset<R>(r);
+            if (!eight_bit) { bnb8_load4(t.state[k], BNB8_F32, i, FULL ? INT64_MAX : n, vec, s[r][k]); continue; }
+            c[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, FULL ? INT64_MAX : n, vec);
+            scale[k][r] = FULL || i < n ? BNB8_LD(&t.absmax[k][i >> shift]) : 0.0f;
+        }
+    }
+    if (eight_bit) {
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            const float *map = sm.code[bnb8_state_signed(KIND, k)];
+            #pragma unroll
+            for (int r = 0; r < R; r++)
+                #pragma unroll
+                for (int j = 0; j < 4; j++) s[r][k][j] = map[(c[k][r] >> (8 * j)) & 255u] * scale[k][r];
+        }
+    }
+    // The update, without branches: a non-finite gradient's element keeps p and its states.
+    const float trust = sm.trust;
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            bool inside = FULL || i + j < n, finite = bnb8_isfinite(g[r][j]);
+            bad += inside && !finite;
+            float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
+            float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
+            float pn = bnb8_apply(&args, p[r][j], u, trust);
+            bool take = inside && finite;
+            p[r][j] = take ? pn : p[r][j];
+            #pragma unroll
+            for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
+        }
+        bnb8_store4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        if (!eight_bit) {
+            #pragma unroll
+            for (int r = 0; r < R; r++) bnb8_store4(t.state[k], BNB8_F32, base + bnb8_offset<R>(r), FULL ? INT64_MAX : n, vec, s[r][k]);
+            continue;
+        }
+        float amax[R];
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + bnb8_offset<R>(r);
+            amax[r] = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) if (FULL || i + j < n) amax[r] = fmaxf(amax[r], fabsf(s[r][k][j]));
+        }
+        bnb8_block_max<R>(amax, t.blocksize, sm.scratch);
+        const int is_signed = bnb8_state_signed(KIND, k), zero_code = is_signed ? zero_signed : zero_unsigned;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + bnb8_offset<R>(r);
+            if ((FULL || i < n) && (i & (t.blocksize - 1)) == 0) t.absmax[k][i >> shift] = amax[r];
+            // Codes without dividing; the rare values next to a threshold divide afterwards.
+            const bnb8_codebook *book = &sm.books[is_signed];
+            float rec = bnb8_reciprocal(amax[r]);
+            uint32_t q = 0, redo = 0;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int exact = 0, code = zero_code;
+                if (amax[r] > 0.0f) code = bnb8_quantize_value_near(book, zero_code, s[r][k][j], rec, &exact);
+                q |= (uint32_t)code << (8 * j);
+                redo |= (uint32_t)exact << j;
+            }
+            if (redo) {
+                #pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if ((redo >> j) & 1u)
+                        q = (q & ~(255u << (8 * j))) | (uint32_t)bnb8_quantize_value(book, zero_code, s[r][k][j], amax[r]) << (8 * j);
+            }
+            bnb8_store_codes4((uint8_t *)t.state[k], i, FULL ? INT64_MAX : n, vec, q);
+        }
+    }
+}
+
+// Flash tensors (SPEC §6.3) and 32-bit-state tensors with corrected weights, in a launch that has
+// any: the tables that make a code's value one shared-memory read (bit-identical to computing it).
+struct bnb8_flash_smem {
+    float unit[2][256];          // bnb8_expand_unit of each code: [0] unsigned, [1] signed
+    float ecc8[256];             // bnb8_ecc_unit of each int8 correction byte
+};
+
+// Raw 16-bit weights i..i+3 (zero past n), packed two per word.
+__device__ void bnb8_load_bits4(const void *x, int64_t i, int64_t n, bool vec, uint32_t w[2]) {
+    const uint16_t *h = (const uint16_t *)x;
+    if (vec && i + 4 <= n) { uint2 v = BNB8_LD((const uint2 *)(h + i)); w[0] = v.x; w[1] = v.y; return; }
+    w[0] = w[1] = 0;
+    #pragma unroll
+    for (int j = 0; j < 4; j++) if (i + j < n) w[j / 2] |= (uint32_t)h[i + j] << (16 * (j & 1));
+}
+__device__ void bnb8_store_bits4(void *x, int64_t i, int64_t n, bool vec, const uint32_t w[2]) {
+    uint16_t *h = (uint16_t *)x;
+    if (vec && i + 4 <= n) { BNB8_ST((uint2 *)(h + i), make_uint2(w[0], w[1])); return; }
+    #pragma unroll
+    for (int j = 0; j < 4; j++) if (i + j < n) h[i + j] = (uint16_t)(w[j / 2] >> (16 * (j & 1)));
+}
+
+// One chunk of a flash tensor, or of a 32-bit-state tensor whose bf16/fp16 weights carry a
+// correction, in the order bnb8.h gives for both back ends: the masters and the expanded states,
+// the update in float32, the new weights and corrections; then per flash state and group of 32
+// (8 lanes: a lane holds 4 consecutive elements of a row) the new absmax, its stored scale and the
+// codes against it. A non-finite gradient's element keeps its weight bits, correction and states.
+template <int R, int KIND, bool FULL>
+__device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base, unsigned &bad) {
+    const bnb8_gpu_tensor &t = sm.t;
+    const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
+    const bool vec = FULL || sm.vec;
+    const int nstates = t.args.nstates, cb = t.correction_bytes, flash = t.format == BNB8_STATE_FLASH;
+    const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype, sdt = (bnb8_dtype)t.scale_dtype;
+    constexpr int S = bnb8_max_states(KIND);
+    bnb8_step_args args = t.args;
+    args.kind = KIND;
+    float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
+    uint32_t bits[R][2] = {}, corr[R][2] = {}, codes[S][R];
+    // Every load first.
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        if (pdt == BNB8_F32) bnb8_load4(t.param, BNB8_F32, i, lim, vec, p[r]);
+        else bnb8_load_bits4(t.param, i, lim, vec, bits[r]);
+        if (cb == 1) corr[r][0] = bnb8_load_codes4((const uint8_t *)t.correction, i, lim, vec);
+        if (cb == 2) bnb8_load_bits4(t.correction, i, lim, vec, corr[r]);
+        bnb8_load4(t.grad, t.grad_dtype, i, lim, vec, g[r]);
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + bnb8_offset<R>(r);
+            if (!flash) { bnb8_load4(t.state[k], BNB8_F32, i, lim, vec, s[r][k]); continue; }
+            codes[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, lim, vec);
+            scale[k][r] = FULL || i < n ? bnb8_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP) : 0.0f;
+        }
+    }
+    // The masters and the expanded states.
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (pdt == BNB8_F32) continue;
+            uint16_t h = (uint16_t)(bits[r][j / 2] >> (16 * (j & 1)));
+            int32_t q = cb == 1 ? (int32_t)(int8_t)(corr[r][0] >> (8 * j))
+                      : cb == 2 ? (int32_t)(int16_t)(corr[r][j / 2] >> (16 * (j & 1))) : 0;
+            float unit = cb == 1 ? fs.ecc8[(corr[r][0] >> (8 * j)) & 255u] : bnb8_ecc_unit(q, 32767);
+            p[r][j] = bnb8_ecc_value_unit(h, pdt, q, unit);   // q = 0 (no correction): the weight itself
+        }
+        if (!flash) continue;
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            const int is_signed = bnb8_state_signed(KIND, k);
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t c = (codes[k][r] >> (8 * j)) & 255u;
+                s[r][k][j] = c ? bnb8_expand_from_unit(fs.unit[is_signed][c], scale[k][r], is_signed) : 0.0f;
+            }
+        }
+    }
+    // The update; the new weights and corrections.
+    const float trust = sm.trust;
+    const int32_t qmax = bnb8_ecc_qmax(cb);
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            bool inside = FULL || i + j < n, finite = bnb8_isfinite(g[r][j]), take = inside && finite;
+            bad += inside && !finite;
+            float sk[3] = {0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
+            float u = bnb8_direction(&args, p[r][j], g[r][j], sk);
+            float pn = bnb8_apply(&args, p[r][j], u, trust);
+            #pragma unroll
+            for (int k = 0; k < S; k++) s[r][k][j] = take ? sk[k] : s[r][k][j];
+            if (pdt == BNB8_F32) { p[r][j] = take ? pn : p[r][j]; continue; }
+            if (!take) continue;                        // the weight's bits and correction stay
+            uint16_t h = bnb8_f32_to_narrow(pn, pdt);
+            int sh = 16 * (j & 1);
+            nb[j / 2] = (nb[j / 2] & ~(0xffffu << sh)) | ((uint32_t)h << sh);
+            if (cb == 1) {
+                uint32_t q = (uint32_t)(uint8_t)(int8_t)bnb8_ecc_code(pn, h, pdt, qmax);
+                nc[0] = (nc[0] & ~(255u << (8 * j))) | (q << (8 * j));
+            } else if (cb == 2) {
+                uint32_t q = (uint32_t)(uint16_t)(int16_t)bnb8_ecc_code(pn, h, pdt, qmax);
+                nc[j / 2] = (nc[j / 2] & ~(0xffffu << sh)) | (q << sh);
+            }
+        }
+        if (pdt == BNB8_F32) bnb8_store4(t.param, BNB8_F32, i, lim, vec, p[r]);
+        else bnb8_store_bits4(t.param, i, lim, vec, nb);
+        if (cb == 1) bnb8_store_codes4((uint8_t *)t.correction, i, lim, vec, nc[0]);
+        if (cb == 2) bnb8_store_bits4(t.correction, i, lim, vec, nc);
+    }
+    // The states: 32-bit stored as they are; flash requantized per group of 32.
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        const int is_signed = bnb8_state_signed(KIND, k);
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + bnb8_offset<R>(r);
+            if (!flash) { bnb8_store4(t.state[k], BNB8_F32, i, lim, vec, s[r][k]); continue; }
+            float amax = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) if (FULL || i + j < n) amax = fmaxf(amax, bnb8_compand_magnitude(s[r][k][j], is_signed));
+            #pragma unroll
+            for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            float sc = bnb8_scale_round_up(amax, sdt);
+            if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
+            uint32_t q = 0;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_compand_value(s[r][k][j], sc, is_signed) << (8 * j);
+            bnb8_store_codes4((uint8_t *)t.state[k], i, lim, vec, q);
+        }
+    }
+}
 
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
 // shared math's switch folds away.
-template <int R, int KIND>
+// FLASH: the launch holds flash tensors or corrected weights (only the kinds with a flash form).
+template <int R, int KIND, bool FLASH>
 __global__ void __launch_bounds__(BNB8_THREADS, R == 2 ? 3 : 2)
 bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const double *norms,
                    unsigned long long *nonfinite) {
     extern __shared__ __align__(16) unsigned char bnb8_smem[];
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
+    bnb8_flash_smem &fs = *(bnb8_flash_smem *)(bnb8_smem + (sizeof(bnb8_update_smem) + 15) / 16 * 16);
     for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
+    if (FLASH) {
+        fs.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
+        fs.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
+        fs.ecc8[threadIdx.x] = bnb8_ecc_unit((int32_t)(int8_t)threadIdx.x, 127);
+    }
     __syncthreads();
     bnb8_codebook_fill(&sm.books[0], sm.code[0]);
     bnb8_codebook_fill(&sm.books[1], sm.code[1]);
     const int zero_unsigned = bnb8_nearest_code(sm.books[0].t, 0.0f), zero_signed = bnb8_nearest_code(sm.books[1].t, 0.0f);
+    const int count = h->count;
+    const int64_t total = h->total_chunks, per_block = (total + gridDim.x - 1) / gridDim.x;
+    const int64_t begin = blockIdx.x * per_block, end = begin + per_block < total ? begin + per_block : total;
     unsigned bad = 0;
+    int64_t next_tensor_chunk = begin;           // the chunk where the descriptor must change
     int ti = 0;
-    for (int64_t chunk = blockIdx.x; chunk < h->total_chunks; chunk += gridDim.x) {
-        ti = bnb8_find_tensor(tensors, h->count, chunk, ti);
-        const bnb8_gpu_tensor *t = &tensors[ti];
-        int64_t n = t->n, base = (chunk - t->first_chunk) * R * BNB8_ROW;
-        bool vec = bnb8_tensor_vec(t), full = base + R * BNB8_ROW <= n;   // full: no element past n
-        bnb8_step_args args = t->args;
-        args.kind = KIND;
-        if (t->percentile < 100) args.gnorm_scale *= (float)norms[ti * BNB8_NORMS + 3];
-        float trust = bnb8_needs_trust(t)
-            ? bnb8_trust_ratio(args.max_unorm, (float)norms[ti * BNB8_NORMS + 1], (float)norms[ti * BNB8_NORMS + 2]) : 1.0f;
-        float p[R][4], g[R][4], s[R][3][4];
-        #pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = base + bnb8_offset<R>(r);
-            bnb8_load4(t->param, t->param_dtype, i, n, vec, p[r]);
-            bnb8_load4(t->grad, t->grad_dtype, i, n, vec, g[r]);
-            bnb8_load_states4(t, sm.code, i, vec, s[r]);
-        }
-        #pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = base + bnb8_offset<R>(r);
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (!full && i + j >= n) continue;
-                if (!bnb8_isfinite(g[r][j])) { bad++; continue; }   // the element keeps p and its states
-                float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
-                float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
-                p[r][j] = bnb8_apply(&args, p[r][j], u, trust);
-                s[r][0][j] = sj[0]; s[r][1][j] = sj[1]; s[r][2][j] = sj[2];
+    for (int64_t chunk = begin; chunk < end; chunk++) {
+        if (chunk >= next_tensor_chunk) {        // uniform over the block
+            ti = bnb8_tensor_of(tensors, count, chunk);
+            __syncthreads();                     // every thread is done with the former tensor
+            const uint32_t *src = (const uint32_t *)&tensors[ti];
+            uint32_t *dst = (uint32_t *)&sm.t;
+            for (int w = threadIdx.x; w < (int)(sizeof(bnb8_gpu_tensor) / 4); w += blockDim.x) dst[w] = src[w];
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                bnb8_gpu_tensor *t = &sm.t;
+                if (t->percentile < 100) t->args.gnorm_scale *= (float)norms[ti * BNB8_NORMS + 3];
+                sm.trust = bnb8_needs_trust(t)
+                    ? bnb8_trust_ratio(t->args.max_unorm, (float)norms[ti * BNB8_NORMS + 1], (float)norms[ti * BNB8_NORMS + 2]) : 1.0f;
+                sm.shift = t->eight_bit ? bnb8_log2(t->blocksize) : 0;
+                sm.vec = bnb8_tensor_vec(t);
             }
-            bnb8_store4(t->param, t->param_dtype, i, n, vec, p[r]);
+            __syncthreads();
+            next_tensor_chunk = ti + 1 < count ? tensors[ti + 1].first_chunk : total;
         }
-        #pragma unroll
-        for (int k = 0; k < 3; k++) {
-            if (k >= args.nstates) break;
-            if (!t->eight_bit) {
-                #pragma unroll
-                for (int r = 0; r < R; r++) bnb8_store4(t->state[k], BNB8_F32, base + bnb8_offset<R>(r), n, vec, s[r][k]);
+        int64_t base = (chunk - sm.t.first_chunk) * R * BNB8_ROW;
+        bool full = sm.vec && base + R * BNB8_ROW <= sm.t.n;
+        if constexpr (FLASH) {
+            if (sm.t.format == BNB8_STATE_FLASH || sm.t.correction_bytes) {
+                if (full) bnb8_flash_chunk<R, KIND, true>(sm, fs, base, bad);
+                else bnb8_flash_chunk<R, KIND, false>(sm, fs, base, bad);
                 continue;
             }
-            float amax[R];
-            #pragma unroll
-            for (int r = 0; r < R; r++) {
-                int64_t i = base + bnb8_offset<R>(r);
-                amax[r] = 0.0f;
-                #pragma unroll
-                for (int j = 0; j < 4; j++) if (full || i + j < n) amax[r] = fmaxf(amax[r], fabsf(s[r][k][j]));
-            }
-            bnb8_block_max<R>(amax, t->blocksize, sm.scratch);
-            int is_signed = bnb8_state_signed(args.kind, k), shift = bnb8_log2(t->blocksize);
-            int zero_code = is_signed ? zero_signed : zero_unsigned;
-            #pragma unroll
-            for (int r = 0; r < R; r++) {
-                int64_t i = base + bnb8_offset<R>(r);
-                if (i < n && (i & (t->blocksize - 1)) == 0) t->absmax[k][i >> shift] = amax[r];
-                uint8_t c[4];
-                #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    c[j] = (uint8_t)(amax[r] > 0.0f ? bnb8_quantize_value(&sm.books[is_signed], zero_code, s[r][k][j], amax[r])
-                                                    : zero_code);
-                bnb8_store_codes4((uint8_t *)t->state[k], i, n, vec, c);
-            }
         }
+        if (full) bnb8_update_chunk<R, KIND, true>(sm, base, zero_unsigned, zero_signed, bad);
+        else bnb8_update_chunk<R, KIND, false>(sm, base, zero_unsigned, zero_signed, bad);
     }
     for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
     if (threadIdx.x % 32 == 0 && bad) atomicAdd(nonfinite, (unsigned long long)bad);
@@ -558,25 +860,20 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
     return BNB8_OK;
 }
 
-// Launches the update kernel of kind KIND with as many blocks as fit at once (each block builds
-// its codebooks once); the first launch of each kernel sets its shared memory size.
-template <int KIND>
+// Launches the update kernel of kind KIND with one wave of blocks (each block builds its
+// codebooks once, then walks its range of chunks).
+template <int KIND, bool FLASH>
 static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, const bnb8_step_header *dh,
                               const bnb8_gpu_tensor *dt, cudaStream_t stream) {
-    const char *fn = "bnb8_optimizer_step";
-    const int smem = (int)sizeof(bnb8_update_smem);
-    int *per_sm = &c->update_per_sm[rows == 4][KIND], status = BNB8_OK;
-    void (*kernel)(const bnb8_step_header *, const bnb8_gpu_tensor *, const double *, unsigned long long *) =
-        rows == 2 ? bnb8_update_kernel<2, KIND> : bnb8_update_kernel<4, KIND>;
-    if (*per_sm == 0) {
-        status = bnb8_cuda_status(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        if (!status) status = bnb8_cuda_status(fn, cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, BNB8_THREADS, smem));
-        if (!status && *per_sm < 1) status = bnb8_fail(BNB8_ERR_CUDA, "%s: the update kernel does not fit on this GPU", fn);
-        if (status) { *per_sm = 0; return status; }
-    }
-    int64_t resident = (int64_t)c->sms * *per_sm, grid = chunks < resident ? chunks : resident;
-    kernel<<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite);
-    return bnb8_cuda_status(fn, cudaGetLastError());
+    const int smem = (int)((sizeof(bnb8_update_smem) + 15) / 16 * 16 + (FLASH ? sizeof(bnb8_flash_smem) : 0));
+    int *per_sm = &c->update_per_sm[FLASH][rows == 4][KIND];
+    int64_t grid;
+    int status = rows == 2 ? bnb8_persistent_grid(bnb8_update_kernel<2, KIND, FLASH>, smem, per_sm, chunks, &grid)
+                           : bnb8_persistent_grid(bnb8_update_kernel<4, KIND, FLASH>, smem, per_sm, chunks, &grid);
+    if (status) return status;
+    if (rows == 2) bnb8_update_kernel<2, KIND, FLASH><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite);
+    else bnb8_update_kernel<4, KIND, FLASH><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite);
+    return bnb8_cuda_status("bnb8_optimizer_step", cudaGetLastError());
 }
 
 extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
@@ -598,9 +895,10 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     memcpy(h->code[0], code_unsigned, sizeof h->code[0]);
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
-    int rows = 2, need_percentile = 0, need_trust = 0;
+    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0;
     for (int i = 0; i < count; i++) {
         if (tensors[i].eight_bit && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
+        flash |= tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes;
         need_percentile |= tensors[i].percentile < 100;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
     }
@@ -629,16 +927,23 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
         else bnb8_norms_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 1);
     }
     int kind = tensors[0].args.kind;
+    // Flash states and corrected weights exist for AdamW, Adam, SGD and Lion only (bnb8.c checks).
+    if (flash && !(kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: flash states for optimizer kind %d", fn, kind);
     switch (kind) {
-    case BNB8_ADAMW: status = bnb8_launch_update<BNB8_ADAMW>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_ADAM: status = bnb8_launch_update<BNB8_ADAM>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_SGD: status = bnb8_launch_update<BNB8_SGD>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_LION: status = bnb8_launch_update<BNB8_LION>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_RMSPROP: status = bnb8_launch_update<BNB8_RMSPROP>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_ADAGRAD: status = bnb8_launch_update<BNB8_ADAGRAD>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_LAMB: status = bnb8_launch_update<BNB8_LAMB>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_LARS: status = bnb8_launch_update<BNB8_LARS>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_ADEMAMIX: status = bnb8_launch_update<BNB8_ADEMAMIX>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADAMW: status = flash ? bnb8_launch_update<BNB8_ADAMW, true>(c, rows, chunks, dh, dt, stream)
+                                    : bnb8_launch_update<BNB8_ADAMW, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADAM: status = flash ? bnb8_launch_update<BNB8_ADAM, true>(c, rows, chunks, dh, dt, stream)
+                                   : bnb8_launch_update<BNB8_ADAM, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_SGD: status = flash ? bnb8_launch_update<BNB8_SGD, true>(c, rows, chunks, dh, dt, stream)
+                                  : bnb8_launch_update<BNB8_SGD, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_LION: status = flash ? bnb8_launch_update<BNB8_LION, true>(c, rows, chunks, dh, dt, stream)
+                                   : bnb8_launch_update<BNB8_LION, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_RMSPROP: status = bnb8_launch_update<BNB8_RMSPROP, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADAGRAD: status = bnb8_launch_update<BNB8_ADAGRAD, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_LAMB: status = bnb8_launch_update<BNB8_LAMB, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_LARS: status = bnb8_launch_update<BNB8_LARS, false>(c, rows, chunks, dh, dt, stream); break;
+    case BNB8_ADEMAMIX: status = bnb8_launch_update<BNB8_ADEMAMIX, false>(c, rows, chunks, dh, dt, stream); break;
     default: return bnb8_fail(BNB8_ERR_ARG, "%s: optimizer kind %d", fn, kind);
     }
     if (status) return status;

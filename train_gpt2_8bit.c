@@ -567,13 +567,14 @@ static void residual_add(float *out, const float *inp, int64_t n) {   // out (n)
 // exp(x) for x <= 0 within 2 ulp (Cephes' expf polynomial after Cody-Waite reduction), without
 // branches or calls so that softmax's loop over 50k logits vectorizes; libm's expf does not.
 static inline float exp_nonpositive(float x) {
-    // clamp at -87 (keeps 2^k normal; -inf and NaN go there too) on the bits: for negative floats
+    // clamp at -87 (keeps 2^k normal; -inf and negative NaNs go there too) on the bits: for negative floats
     // a larger magnitude is a larger integer, and an integer min vectorizes where a float compare
     // (which may trap) does not
     union { float f; uint32_t u; } in = {x};
     in.u = in.u < 0xc2ae0000u ? in.u : 0xc2ae0000u;
     x = in.f;
-    float k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // round(x / ln 2)
+    union { float f; uint32_t u; } t = {x * 1.44269504088896341f + 12582912.0f};
+    float k = t.f - 12582912.0f;                                       // round(x / ln 2)
     float r = x - k * 0.693359375f;
     r = r - k * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -583,7 +584,10 @@ static inline float exp_nonpositive(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    union { uint32_t u; float f; } scale = {(uint32_t)((int32_t)k + 127) << 23};
+    // 2^k from t's bits (t = 1.5 * 2^23 + k has k in its low mantissa bits), in unsigned arithmetic:
+    // a NaN x (a positive NaN passes the clamp above) makes k NaN, and converting that to int would
+    // be undefined; here it only gives some scale, and p, NaN too, carries the NaN on.
+    union { uint32_t u; float f; } scale = {(t.u - 0x4b400000u + 127u) << 23};
     return p * scale.f;
 }
 
@@ -645,10 +649,16 @@ typedef struct {
     int64_t B, T;                   // of the last forward
     int *inputs, *targets;          // (B, T) of the last forward; targets[0] < 0: none
     float mean_loss;                // of the last forward with targets
+    // The flash recipe: the persistent weights and gradients are bf16, same layout (the optimizer
+    // owns the weights' int8 correction); params_memory and grads_memory are the fp32 working
+    // copies the CPU forward and backward compute with (flash_weights_to_fp32, flash_grads_to_bf16).
+    uint16_t *params_bf16, *grads_bf16;
+    const float *master;            // set while checkpointing flash: the decoded fp32 masters to save
 } GPT2;
 
 static void gpt2_free(GPT2 *m) {
     free(m->params_memory); free(m->grads_memory); free(m->acts_memory); free(m->inputs); free(m->targets);
+    free(m->params_bf16); free(m->grads_bf16);
     memset(m, 0, sizeof *m);
 }
 
@@ -881,6 +891,18 @@ static int write_atomically(const char *path, file_writer writer, const void *ct
     return status;
 }
 
+// The first non-finite weight, as "tensor 'name' element i is nan" in buf; 0 when all are finite.
+static int params_nonfinite(const GPT2 *m, char *buf, size_t size) {
+    const float *p = m->master ? m->master : m->params_memory;
+    for (int i = 0; i < NUM_PARAM_TENSORS; p += m->param_sizes[i], i++)
+        for (int64_t j = 0; j < m->param_sizes[i]; j++)
+            if (!isfinite(p[j])) {
+                snprintf(buf, size, "tensor '%s' element %lld is %g", param_names[i], (long long)j, (double)p[j]);
+                return 1;
+            }
+    return 0;
+}
+
 // Model file: header[2..7] = maxT, V, L, NH, C, Vp; version 3 = fp32, 5 = bf16 parameters, in
 // llm.c's order. bnb8 extension: header[8] = 1 when StableEmbedding's layernorm (lnew, lneb) follows
 // the 16 tensors (llm.c leaves header[8] at 0 and ignores what follows the tensors it reads).
@@ -925,6 +947,9 @@ static int gpt2_load(GPT2 *m, const char *path) {
             for (size_t j = 0; !status && j < k; j++) m->params_memory[i + (int64_t)j] = bnb8_bf16_to_f32(buf[j]);
         }
     }
+    char where[160];   // a model with NaN or Inf weights cannot train: refused, naming the tensor
+    if (!status && params_nonfinite(m, where, sizeof where))
+        status = train_fail("%s: non-finite weight: %s (a diverged model; use an earlier checkpoint)", path, where);
     fclose(f);
     if (status) gpt2_free(m);
     return status;
@@ -940,11 +965,12 @@ static int model_writer(FILE *f, const void *ctx) {
     h[8] = c->stable_embedding;
     if (fwrite(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS) return -1;
     int64_t n = w->model->num_parameters;
-    if (!w->bf16) return fwrite(w->model->params_memory, sizeof(float), (size_t)n, f) == (size_t)n ? 0 : -1;
+    const float *params = w->model->master ? w->model->master : w->model->params_memory;
+    if (!w->bf16) return fwrite(params, sizeof(float), (size_t)n, f) == (size_t)n ? 0 : -1;
     uint16_t buf[65536];
     for (int64_t i = 0; i < n; i += 65536) {
         size_t k = (size_t)(n - i < 65536 ? n - i : 65536);
-        for (size_t j = 0; j < k; j++) buf[j] = bnb8_f32_to_bf16(w->model->params_memory[i + (int64_t)j]);
+        for (size_t j = 0; j < k; j++) buf[j] = bnb8_f32_to_bf16(params[i + (int64_t)j]);
         if (fwrite(buf, 2, k, f) != k) return -1;
     }
     return 0;
@@ -1020,6 +1046,9 @@ static int tokenizer_load(Tokenizer *t, const char *path) {
     if (!status && h[1] != 2) status = train_fail("%s: tokenizer file version %d, expected 2", path, h[1]);
     if (!status && (h[2] < 1 || h[2] > (1 << 24) || h[3] < 0 || h[3] >= h[2]))
         status = train_fail("%s: bad tokenizer header: vocabulary %d, end-of-text id %d", path, h[2], h[3]);
+    if (!status && size - 1024 < 2 * (int64_t)h[2])   // before allocating: each token takes >= 2 bytes
+        status = train_fail("%s: truncated tokenizer file: %lld bytes after the header cannot hold %d tokens", path,
+                            (long long)(size - 1024), h[2]);
     if (!status) {
         n = size - 1024;
         t->vocab_size = h[2];
@@ -1093,15 +1122,37 @@ typedef struct {
     const char *about;
 } Recipe;
 
-// `flash` (bf16 weights + int8 error correction + companded 8-bit states + bf16 gradients, SPEC §6)
-// needs the library's FlashOptim optimizers (issue P4). It plugs in at optimizer_build (register
-// bf16 weights with their ECC) and at the top of a step (decode the fp32 working weights that this
-// CPU model computes with); until then it is refused with this message.
+// `flash` (FlashOptim, SPEC §6): the persistent weights are bf16 with an int8 correction each (the
+// optimizer's, together a near-fp32 master), the gradients bf16, the states companded 8-bit codes
+// with a bf16 scale per 32. The CPU model computes in fp32 on working copies: the forward uses the
+// bf16 weights widened (as FlashOptim's forward uses the bf16 weights), the backward's fp32
+// gradients are rounded to bf16 before the step. Tensors under min_8bit_size (biases, layernorms
+// of small models) and StableEmbedding's wte keep 32-bit states, and their correction.
 static const Recipe recipes[] = {
     {"fp32", 1, BNB8_STATE_32BIT, "fp32 weights and gradients, 32-bit optimizer states"},
     {"8bit", 1, BNB8_STATE_8BIT, "fp32 weights and gradients, 8-bit block-wise states (block 256)"},
-    {"flash", 0, BNB8_STATE_8BIT, "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
+    {"flash", 1, BNB8_STATE_FLASH, "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
 };
+
+// flash: the fp32 working weights are the bf16 weights widened (exact); the fp32 gradients of the
+// backward pass become the bf16 gradients the optimizer reads (round to nearest even).
+static void flash_weights_to_fp32(GPT2 *m) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m->num_parameters; i++) m->params_memory[i] = bnb8_bf16_to_f32(m->params_bf16[i]);
+}
+static void flash_grads_to_bf16(GPT2 *m) {
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m->num_parameters; i++) m->grads_bf16[i] = bnb8_f32_to_bf16(m->grads_memory[i]);
+}
+// flash: the fp32 masters (bf16 weight + correction, decoded) of every tensor into out.
+static int flash_export_masters(const GPT2 *m, const bnb8_optimizer *opt, float *out) {
+    for (int i = 0, id = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (!m->param_sizes[i]) continue;
+        if (bnb8_optimizer_export_fp32(opt, id++, out + (*param_slot((ParameterTensors *)&m->params, i) - m->params_memory)))
+            return train_fail("export of '%s': %s", param_names[i], bnb8_last_error());
+    }
+    return 0;
+}
 #define NUM_RECIPES ((int)(sizeof recipes / sizeof recipes[0]))
 
 typedef struct {
@@ -1135,6 +1186,13 @@ static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Recipe *r, const
     cfg.weight_decay = weight_decay;
     cfg.format = r->format;
     if (oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
+    int flash = r->format == BNB8_STATE_FLASH;
+    if (flash && !m->params_bf16) {
+        m->params_bf16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)m->num_parameters);
+        m->grads_bf16 = (uint16_t *)calloc((size_t)m->num_parameters, sizeof(uint16_t));
+        if (!m->params_bf16 || !m->grads_bf16)
+            return train_fail("out of memory for the bf16 weights and gradients of %lld parameters", (long long)m->num_parameters);
+    }
     bnb8_optimizer *opt = NULL;
     if (bnb8_optimizer_create(&opt, oc->kind, &cfg))
         return train_fail("optimizer: %s", bnb8_last_error());
@@ -1145,7 +1203,8 @@ static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Recipe *r, const
         if (!param_is_matrix[i] || stable_wte) {
             bnb8_config o = cfg;
             if (!param_is_matrix[i]) o.weight_decay = 0.0f;
-            if (stable_wte) o.format = BNB8_STATE_32BIT;
+            if (stable_wte && flash) o.min_8bit_size = INT64_MAX;   // 32-bit states, bf16 + correction weights
+            else if (stable_wte) o.format = BNB8_STATE_32BIT;
             if (bnb8_optimizer_override(opt, param_names[i], &o)) {
                 train_fail("optimizer: %s", bnb8_last_error());
                 bnb8_optimizer_free(opt);
@@ -1153,14 +1212,20 @@ static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Recipe *r, const
             }
         }
         double before = bnb8_optimizer_memory(opt, 0).states;
-        if (bnb8_optimizer_add(opt, param_names[i], *param_slot(&m->params, i), BNB8_F32,
-                               *param_slot(&m->grads, i), BNB8_F32, m->param_sizes[i], NULL)) {
+        float *p = *param_slot(&m->params, i);
+        int64_t offset = p - m->params_memory;
+        int id = -1;
+        if (bnb8_optimizer_add(opt, param_names[i], flash ? (void *)(m->params_bf16 + offset) : (void *)p,
+                               flash ? BNB8_BF16 : BNB8_F32, flash ? (void *)(m->grads_bf16 + offset) : (void *)*param_slot(&m->grads, i),
+                               flash ? BNB8_BF16 : BNB8_F32, m->param_sizes[i], &id) ||
+            (flash && bnb8_optimizer_import_fp32(opt, id, p))) {   // flash: bf16 + correction of the fp32 weights
             train_fail("optimizer: %s", bnb8_last_error());
             bnb8_optimizer_free(opt);
             return -1;
         }
         state_bytes[i] = bnb8_optimizer_memory(opt, 0).states - before;
     }
+    if (flash) flash_weights_to_fp32(m);
     *out = opt;
     return 0;
 }
@@ -1195,7 +1260,12 @@ typedef struct {
     float first_loss, last_loss, val_loss;
     double tokens_per_second;
     bnb8_memory memory;
+    int64_t skipped_steps;    // steps whose gradient had a NaN or Inf: no update made
 } TrainResult;
+
+// Tests only (NULL in the trainer): called after each backward pass, before the step, to inject
+// faults into the gradients; the optimizer is there to observe.
+static void (*train_after_backward)(GPT2 *m, bnb8_optimizer *opt, int64_t step);
 
 #define DEFAULT_DATA_DIR "dev/data/fortunes/"
 
@@ -1272,15 +1342,24 @@ static void checkpoint_path(char *buf, size_t size, const char *dir, const char 
 }
 
 static int checkpoint_save(const char *dir, const GPT2 *m, bnb8_optimizer *opt, const TrainerState *s) {
-    char path[1024];
+    char path[1024], where[160];
+    // Weights that are no longer finite are never saved: the newest checkpoint stays a good one.
+    if (params_nonfinite(m, where, sizeof where))
+        return train_fail("step %lld: the weights are not finite (%s): checkpoint not written; the newest complete "
+                          "checkpoint in %s is the last good one", (long long)s->step, where, dir);
+    static const char *kinds[3] = {"model", "optim", "state"};
+    int status = 0;
     checkpoint_path(path, sizeof path, dir, "model", s->step, ".bin");
-    if (gpt2_save(m, path, 0)) return -1;
+    if (gpt2_save(m, path, 0)) status = -1;
     checkpoint_path(path, sizeof path, dir, "optim", s->step, ".bin");
-    if (bnb8_optimizer_save(opt, path)) return train_fail("%s", bnb8_last_error());
+    if (!status && bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
     checkpoint_path(path, sizeof path, dir, "state", s->step, ".bin");
-    if (write_atomically(path, state_writer, s)) return -1;
+    if (!status) status = write_atomically(path, state_writer, s);
     checkpoint_path(path, sizeof path, dir, "DONE", s->step, "");
-    return write_atomically(path, empty_writer, NULL);
+    if (!status) status = write_atomically(path, empty_writer, NULL);
+    if (status)    // no DONE: the files of this step are useless; a full disk gets their space back
+        for (int k = 0; k < 3; k++) { checkpoint_path(path, sizeof path, dir, kinds[k], s->step, ".bin"); remove(path); }
+    return status;
 }
 
 // The newest step in dir with a DONE marker, or 0.
@@ -1382,21 +1461,28 @@ static double peak_resident_bytes(void) {
 static void print_memory(const GPT2 *m, bnb8_optimizer *opt, const double state_bytes[NUM_PARAM_TENSORS],
                          const Recipe *r) {
     bnb8_memory mem = bnb8_optimizer_memory(opt, 1);
-    printf("memory: every buffer (weights and gradients fp32; optimizer states as the library holds them)\n");
-    printf("  %-10s %-11s %13s %12s %12s %12s %s\n", "parameter", "shape", "elements", "weights", "gradients", "opt. state",
-           " state B/elem");
+    int flash = r->format == BNB8_STATE_FLASH;
+    double es = flash ? 2.0 : 4.0, cs = flash ? 1.0 : 0.0;   // bytes per element: weights/gradients, correction
+    printf("memory: every buffer (%s; optimizer states as the library holds them)\n",
+           flash ? "weights bf16 + int8 correction, gradients bf16" : "weights and gradients fp32");
+    printf("  %-10s %-11s %13s %12s %12s %12s %12s %s\n", "parameter", "shape", "elements", "weights", "correction",
+           "gradients", "opt. state", " state B/elem");
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!m->param_sizes[i]) continue;
+        double n = (double)m->param_sizes[i];
         printf("  %-10s %-11s %13lld ", param_names[i], param_shapes[i], (long long)m->param_sizes[i]);
-        print_bytes(4.0 * (double)m->param_sizes[i]);
-        printf("  ");
-        print_bytes(4.0 * (double)m->param_sizes[i]);
-        printf("  ");
+        print_bytes(es * n); printf("  "); print_bytes(cs * n); printf("  "); print_bytes(es * n); printf("  ");
         print_bytes(state_bytes[i]);
-        printf("  %6.3f\n", state_bytes[i] / (double)m->param_sizes[i]);
+        printf("  %6.3f\n", state_bytes[i] / n);
     }
     printf("  %-10s %-11s %13lld ", "total", "", (long long)mem.params);
-    print_bytes(mem.weights); printf("  "); print_bytes(mem.gradients); printf("  "); print_bytes(mem.states);
+    print_bytes(mem.weights); printf("  "); print_bytes(mem.correction); printf("  "); print_bytes(mem.gradients);
+    printf("  "); print_bytes(mem.states);
+    if (flash) {
+        printf("\n  fp32 working copies, not persistent (the CPU model computes in fp32):\n");
+        printf("    %-34s ", "weights (the bf16 weights widened)"); print_bytes(4.0 * (double)m->num_parameters);
+        printf("\n    %-34s ", "gradients (before rounding to bf16)"); print_bytes(4.0 * (double)m->num_parameters);
+    }
     printf("\n  activations (B=%lld, T=%lld), one allocation:\n", (long long)m->batch_size, (long long)m->seq_len);
     for (int i = 0; i < NUM_ACT_TENSORS; i++) {
         if (!m->act_sizes[i]) continue;
@@ -1409,7 +1495,9 @@ static void print_memory(const GPT2 *m, bnb8_optimizer *opt, const double state_
     double P = (double)mem.params;
     printf("\n  persistent bytes per parameter (recipe %s, from bnb8_optimizer_memory):\n", r->name);
     printf("    weights %.3f + master correction %.3f + gradients %.3f + optimizer state %.3f = %.3f\n",
-           mem.weights / P, 0.0, mem.gradients / P, mem.states / P, (mem.weights + mem.gradients + mem.states) / P);
+           mem.weights / P, mem.correction / P, mem.gradients / P, mem.states / P,
+           (mem.weights + mem.correction + mem.gradients + mem.states) / P);
+    if (flash) printf("    working copies: %.3f bytes per parameter (fp32 weights and gradients for the CPU model)\n", 8.0);
     printf("    activations: %.3f bytes per parameter at this batch size\n", 4.0 * (double)m->num_activations / P);
 }
 
@@ -1447,7 +1535,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     int ri = find_recipe(a->recipe), oi = find_optimizer(a->optimizer);
     TrainResult dummy = {0};
     if (!res) res = &dummy;
-    res->first_step = res->last_step = 0;
+    res->first_step = res->last_step = res->skipped_steps = 0;
     res->first_loss = res->last_loss = res->val_loss = NAN;
     res->tokens_per_second = 0.0;
 
@@ -1545,6 +1633,9 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     if (start > 0) {
         checkpoint_path(path, sizeof path, a->out_dir, "optim", start, ".bin");
         if (bnb8_optimizer_load(opt, path)) { train_fail("%s", bnb8_last_error()); goto done; }
+        // flash: the file holds the exact bf16 weights and corrections (importing the checkpoint's
+        // fp32 masters alone may move a few weights by a bf16 ulp); the working copy follows them.
+        if (recipe->format == BNB8_STATE_FLASH) flash_weights_to_fp32(&model);
         if (st.position > train_file.count) {
             train_fail("%s: data position %lld is past the end of %s", a->out_dir, (long long)st.position, train_file.path);
             goto done;
@@ -1592,16 +1683,22 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         float loss = gpt2_forward(&model, loader.inputs, loader.targets, a->B, a->T);
         gpt2_zero_grad(&model);
         gpt2_backward(&model);
+        if (train_after_backward) train_after_backward(&model, opt, s);
         double norm = grad_norm(&model);
         float step_lr = lr_schedule(a, lr, s);
         int skipped = !isfinite(norm);
         if (!skipped) {
             float scale = a->grad_clip > 0.0f && norm > a->grad_clip ? (float)(a->grad_clip / norm) : 1.0f;
+            if (recipe->format == BNB8_STATE_FLASH) flash_grads_to_bf16(&model);   // the norm is the fp32 gradients'
             if (bnb8_optimizer_step(opt, step_lr, scale, NULL)) { train_fail("optimizer step: %s", bnb8_last_error()); goto done; }
+            if (recipe->format == BNB8_STATE_FLASH) flash_weights_to_fp32(&model);
             int64_t bad = bnb8_optimizer_take_nonfinite(opt);
             if (bad && a->verbose) printf("step %lld: %lld non-finite gradient elements left unchanged\n", (long long)s, (long long)bad);
-        } else if (a->verbose) {
-            printf("step %lld: non-finite gradient norm, update skipped\n", (long long)s);
+        } else {
+            res->skipped_steps++;
+            if (a->verbose)
+                printf("step %lld: non-finite gradient norm (%g), update skipped: weights and optimizer state unchanged\n",
+                       (long long)s, norm);
         }
         double dt = now_seconds() - t0;
         train_time += dt;
@@ -1622,7 +1719,14 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
             print_sample(&model, &rng, &tok, a->gen_tokens);
         if (has_out && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after)) {
             TrainerState save = {s, loader.position, a->B, a->T, ri, oi, cfg->stable_embedding, a->steps, rng.s, a->seed};
-            if (checkpoint_save(a->out_dir, &model, opt, &save)) goto done;
+            // flash: the model file holds the fp32 masters (decoded into the free gradient buffer).
+            if (recipe->format == BNB8_STATE_FLASH) {
+                if (flash_export_masters(&model, opt, model.grads_memory)) goto done;
+                model.master = model.grads_memory;
+            }
+            int failed = checkpoint_save(a->out_dir, &model, opt, &save);
+            model.master = NULL;
+            if (failed) goto done;
             if (a->verbose) printf("step %5lld | checkpoint in %s\n", (long long)s, a->out_dir);
         }
     }
@@ -1636,8 +1740,10 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     res->val_loss = val_last;
     res->tokens_per_second = train_time > 0.0 ? (double)(trained * a->B * a->T) / train_time : 0.0;
     res->memory = bnb8_optimizer_memory(opt, 1);
-    if (res->final_params && res->final_params_count == model.num_parameters)
-        memcpy(res->final_params, model.params_memory, sizeof(float) * (size_t)model.num_parameters);
+    if (res->final_params && res->final_params_count == model.num_parameters) {   // flash: the masters
+        if (recipe->format == BNB8_STATE_FLASH) { if (flash_export_masters(&model, opt, res->final_params)) goto done; }
+        else memcpy(res->final_params, model.params_memory, sizeof(float) * (size_t)model.num_parameters);
+    }
 
     if (a->verbose) {
         printf("\n==== report ====\n");
@@ -1650,6 +1756,8 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
                (double)last_loss, (long long)end);
         if (have_val) printf("; val %.4f -> %.4f", (double)val_first, (double)val_last);
         printf("\n");
+        if (res->skipped_steps)
+            printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);
         if (a->gen_tokens > 0) print_sample(&model, &rng, &tok, a->gen_tokens);
     }
     status = 0;
@@ -1677,7 +1785,7 @@ static void usage(FILE *f) {
         "  -e <model>  descriptor dL[cC][hH][vV][tT] (d12 = GPT-2 124M, d4c128h4, ...) or an llm.c\n"
         "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
         "  -o <dir>    output directory for checkpoints (default none)\n"
-        "  -r <name>   recipe: fp32 | 8bit | flash (flash needs issue P4)  (default %s)\n"
+        "  -r <name>   recipe: fp32 | 8bit | flash (bf16 weights + int8 correction, 8-bit states)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -w <0|1>    StableEmbedding (the paper's recipe for 8-bit training): layernorm after the token\n"
         "              embedding, Xavier init, 32-bit optimizer state for wte (default: on for a descriptor,\n"

@@ -9,6 +9,9 @@ tests, and a seeded random generator (fresh seed each run, printed; TEST_SEED=n 
 #include <stdio.h>
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
+#include <dirent.h>
+#include <unistd.h>
 
 // Inside a test: record a failure (the first few of each test are printed) if cond is false.
 #define EXPECT(cond, ...) do { if (!(cond)) test_failure(__FILE__, __LINE__, __VA_ARGS__); } while (0)
@@ -33,9 +36,28 @@ void tests_quant(void);
 void tests_optim(void);
 void tests_train(void);
 void tests_state(void);
+void tests_faults(void);
+// test_faults.c runs this program again as the trainer it kills: main hands that child over here.
+int test_faults_child(void);
+void tests_flash(void);
 
 
 // The whole file at path (plus a terminating zero, for text) and its size; NULL if unreadable.
 uint8_t *test_slurp(const char *path, size_t *size);
+
+// Removes everything below dir, and dir itself when and_dir (the tests' and fuzzers' scratch).
+static inline void test_remove_tree(const char *dir, int and_dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+        if (remove(path) != 0) test_remove_tree(path, 1);
+    }
+    closedir(d);
+    if (and_dir) rmdir(dir);
+}
 
 #endif

@@ -1,6 +1,7 @@
 /*
 test_gpu.cu — the GPU back end against the CPU one: block-wise quantization and every optimizer
-must give bit-identical results (SPEC §9). Run with `make test-gpu` on a machine with a GPU.
+(32-bit, 8-bit and flash states, with the flash weights' correction and scales) must give
+bit-identical results (SPEC §9). Run with `make test-gpu` on a machine with a GPU.
 The CPU path is the reference; it is itself tested against double precision by `make test`.
 Norm-based options (LAMB, LARS, percentile clipping) sum in a different order on the GPU: those
 are checked bit for bit too, and when they differ, within 1e-5 relative (stated per test).
@@ -159,7 +160,8 @@ static void test_bad_arguments(void) {
 
 // ------------------------------------------------------------------------------------------------
 // Optimizers: the same tensors, gradients and steps on the CPU and on the GPU; afterwards the
-// parameters and the state files (codes, absmax, fp32 states, step counts) must be byte-identical.
+// parameters, the state files (codes, absmax or scales, fp32 states, corrections, corrected
+// weights, step counts) and the fp32 masters of bnb8_optimizer_export_fp32 must be byte-identical.
 
 typedef struct {
     int64_t n;
@@ -170,9 +172,9 @@ typedef struct {
 static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop", "Adagrad", "LAMB", "LARS", "AdEMAMix"};
 
 // Runs steps on both back ends; returns the largest relative parameter difference seen at the end
-// (0 when bit-identical) and whether the state files are byte-identical.
+// (0 when bit-identical) and in *equal whether the state files and the fp32 exports are byte-identical.
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
-                               const std::vector<int64_t> &sizes, int steps, int *files_equal, const char *override_name) {
+                               const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -180,7 +182,9 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
     }
     if (override_name) {                 // a per-tensor override: 32-bit states, twice the lr
         bnb8_config o = cfg;
-        o.format = BNB8_STATE_32BIT;
+        // flash: 32-bit states by the size threshold, so that narrow weights keep their correction
+        if (cfg.format == BNB8_STATE_FLASH) o.min_8bit_size = INT64_MAX;
+        else o.format = BNB8_STATE_32BIT;
         o.lr = cfg.lr * 2.0f;
         o.weight_decay = 0.0f;
         bnb8_optimizer_override(cpu, override_name, &o);
@@ -221,6 +225,8 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
     int64_t bad_cpu = bnb8_optimizer_take_nonfinite(cpu), bad_gpu = bnb8_optimizer_take_nonfinite(gpu);
     EXPECT(bad_cpu == bad_gpu && bad_cpu > 0, "non-finite counts cpu %lld gpu %lld", (long long)bad_cpu, (long long)bad_gpu);
     double worst = 0.0;
+    int exports_equal = 1;
+    std::vector<float> x_cpu, x_gpu;
     for (size_t i = 0; i < t.size(); i++) {
         std::vector<uint8_t> back(t[i].p_cpu.size());
         CUDA_CHECK(cudaMemcpy(back.data(), t[i].p_gpu, back.size(), cudaMemcpyDeviceToHost));
@@ -228,24 +234,32 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
             double a = bnb8_load(t[i].p_cpu.data(), pdtype, j), b = bnb8_load(back.data(), pdtype, j);
             if (a != b) { double rel = fabs(a - b) / fmax(fabs(a), 1e-30); worst = rel > worst ? rel : worst; }
         }
-        cudaFree(t[i].p_gpu);
-        cudaFree(t[i].g_gpu);
+        x_cpu.assign(t[i].n, 0.0f);
+        x_gpu.assign(t[i].n, 0.0f);
+        int ea = bnb8_optimizer_export_fp32(cpu, (int)i, x_cpu.data()), eb = bnb8_optimizer_export_fp32(gpu, (int)i, x_gpu.data());
+        EXPECT(ea == 0 && eb == 0, "export_fp32: %s", bnb8_last_error());
+        if (ea || eb || memcmp(x_cpu.data(), x_gpu.data(), t[i].n * sizeof(float)) != 0) exports_equal = 0;
     }
     char path_cpu[64], path_gpu[64];
     snprintf(path_cpu, sizeof path_cpu, "/tmp/bnb8_parity_cpu_%d.state", (int)getpid());
     snprintf(path_gpu, sizeof path_gpu, "/tmp/bnb8_parity_gpu_%d.state", (int)getpid());
     EXPECT(bnb8_optimizer_save(cpu, path_cpu) == 0 && bnb8_optimizer_save(gpu, path_gpu) == 0, "save: %s", bnb8_last_error());
     FILE *a = fopen(path_cpu, "rb"), *b = fopen(path_gpu, "rb");
-    *files_equal = a && b;
-    for (int ca = 0, cb = 0; *files_equal && (ca != EOF || cb != EOF);) {
+    int files_equal = a && b;
+    for (int ca = 0, cb = 0; files_equal && (ca != EOF || cb != EOF);) {
         ca = fgetc(a);
         cb = fgetc(b);
-        if (ca != cb) *files_equal = 0;
+        if (ca != cb) files_equal = 0;
     }
     if (a) fclose(a);
     if (b) fclose(b);
     remove(path_cpu);
     remove(path_gpu);
+    *equal = files_equal && exports_equal;
+    for (size_t i = 0; i < t.size(); i++) {   // after the save: it reads corrected weights from the GPU
+        cudaFree(t[i].p_gpu);
+        cudaFree(t[i].g_gpu);
+    }
     bnb8_optimizer_free(cpu);
     bnb8_optimizer_free(gpu);
     return worst;
@@ -275,7 +289,48 @@ static void test_optimizer_parity(void) {
             }
 }
 
-// Block sizes, percentile clipping, and a GPT-2-like list of 148 tensors in one launch.
+static const char *dtype_name(bnb8_dtype d) { return d == BNB8_F32 ? "f32" : d == BNB8_BF16 ? "bf16" : "f16"; }
+
+// Flash states (SPEC §6): AdamW, Adam (L2), SGD with momentum (nesterov off and on), Lion; weights
+// f32, and bf16 / f16 with no, int8 and int16 correction; bf16 scales; then fp16 gradients, and
+// f16 / f32 scales, on AdamW. min_8bit_size 0 makes every tensor flash (every tail group) except
+// "t3", whose 32-bit states keep the correction of narrow weights.
+static void test_flash_parity(void) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
+    typedef struct { bnb8_optim kind; int nesterov; bnb8_dtype pdtype, gdtype; int correction; bnb8_dtype scale; } flash_case;
+    std::vector<flash_case> cases;
+    const bnb8_optim kinds[5] = {BNB8_ADAMW, BNB8_ADAM, BNB8_SGD, BNB8_SGD, BNB8_LION};
+    for (int k = 0; k < 5; k++) {
+        int nesterov = k == 3;
+        cases.push_back({kinds[k], nesterov, BNB8_F32, BNB8_F32, 0, BNB8_BF16});
+        for (int c = 0; c < 3; c++) cases.push_back({kinds[k], nesterov, BNB8_BF16, BNB8_BF16, c, BNB8_BF16});
+        for (int c = 0; c < 3; c++) cases.push_back({kinds[k], nesterov, BNB8_F16, BNB8_BF16, c, BNB8_BF16});
+    }
+    cases.push_back({BNB8_ADAMW, 0, BNB8_F16, BNB8_F16, 1, BNB8_BF16});
+    cases.push_back({BNB8_ADAMW, 0, BNB8_BF16, BNB8_BF16, 1, BNB8_F16});
+    cases.push_back({BNB8_ADAMW, 0, BNB8_BF16, BNB8_BF16, 1, BNB8_F32});
+    const char *corr_names[3] = {"none", "int8", "int16"};
+    for (const flash_case &c : cases) {
+        bnb8_config cfg = bnb8_config_default(c.kind);
+        cfg.format = BNB8_STATE_FLASH;
+        cfg.min_8bit_size = 0;
+        cfg.weight_decay = 0.01f;
+        cfg.nesterov = c.nesterov;
+        cfg.correction_bytes = c.correction;
+        cfg.scale_dtype = c.scale;
+        int equal = 0;
+        double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3");
+        const char *name = c.kind != BNB8_SGD ? optimizer_names[c.kind] : c.nesterov ? "SGD nesterov" : "SGD momentum";
+        const char *corr = c.pdtype == BNB8_F32 ? "-" : corr_names[c.correction];
+        printf("    %-12s flash p %-4s g %-4s ecc %-5s scales %-4s: %s\n", name, dtype_name(c.pdtype), dtype_name(c.gdtype),
+               corr, dtype_name(c.scale), worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "%s flash p %s g %s ecc %s scales %s: params differ by %g rel, states or exports %s",
+               name, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, dtype_name(c.scale), worst, equal ? "equal" : "differ");
+    }
+}
+
+// Block sizes, percentile clipping, and a GPT-2-like list of 148 tensors in one launch (32-bit,
+// 8-bit, and flash with the small tensors' 32-bit states keeping their correction).
 static void test_optimizer_options(void) {
     std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     for (int64_t bs = 64; bs <= 4096; bs *= 2) {
@@ -303,11 +358,12 @@ static void test_optimizer_options(void) {
     }
     gpt2.push_back(C);
     gpt2.push_back(C);
-    for (int format = 0; format < 2; format++)
+    for (int format = 0; format < 3; format++)
         for (int d = 0; d < 2; d++) {
+            if (format == BNB8_STATE_FLASH && d == 0) continue;   // flash: bf16 weights, int8 correction, bf16 grads
             cfg = bnb8_config_default(BNB8_ADAMW);
             cfg.format = (bnb8_state_format)format;
-            worst = optimizer_parity(BNB8_ADAMW, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, gpt2, 100, &equal, "t0");
+            worst = optimizer_parity(BNB8_ADAMW, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, gpt2, steps(100), &equal, "t0");
             EXPECT(gpt2.size() == 148 && worst == 0.0 && equal, "GPT-2 list format %d dtype %d differs (%g)", format, d, worst);
         }
 }
@@ -328,6 +384,7 @@ int main(void) {
     run("quantize: a tensor above 2^31 elements equals the CPU's", test_quantize_above_2g);
     run("quantize: bad arguments and host pointers are refused", test_bad_arguments);
     run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
+    run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
     run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch", test_optimizer_options);
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;

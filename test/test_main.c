@@ -44,6 +44,8 @@ test_rng test_rng_new(void) {
 }
 
 void test_run(const char *name, void (*fn)(void)) {
+    const char *only = getenv("TEST_ONLY");   // TEST_ONLY=text: only the tests whose name holds it
+    if (only && *only && !strstr(name, only)) return;
     failures_in_test = 0;
     clock_t start = clock();
     fn();
@@ -56,6 +58,7 @@ void test_run(const char *name, void (*fn)(void)) {
 }
 
 int main(void) {
+    if (getenv("BNB8_TEST_CHILD")) return test_faults_child();
     const char *seed = getenv("TEST_SEED");
     run_seed = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
     printf("bnb8 CPU tests, TEST_SEED=%llu\n", (unsigned long long)run_seed);
@@ -63,6 +66,8 @@ int main(void) {
     tests_optim();
     tests_train();
     tests_state();
+    tests_faults();
+    tests_flash();
 
     printf("%lld passed, %lld failed\n", (long long)tests_passed, (long long)tests_failed);
     return tests_failed ? 1 : 0;

@@ -372,6 +372,49 @@ static void check_nearest(const char *map, const float lib_t[256], const float t
     EXPECT(fast == want, "%s: nearest_code_fast(%.9g = 0x%08x) = %d, brute force %d", map, (double)x, fbits(x), fast, want);
 }
 
+// The division-free code (bnb8_nearest_code_near on x * (1/a)) equals the code of the correctly
+// rounded x / a wherever it does not ask for the division, on every map; x is drawn at random and
+// within a few ulps of every threshold times a, a over the whole float range.
+static void test_nearest_code_near(void) {
+    test_rng r = test_rng_new();
+    float maps[4][256];
+    bnb8_map_dynamic(maps[0], 1);
+    bnb8_map_dynamic(maps[1], 0);
+    bnb8_map_linear(maps[2], 1);
+    bnb8_map_linear(maps[3], 0);
+    bnb8_codebook *book = (bnb8_codebook *)xmalloc(sizeof *book);
+    int64_t checked = 0, divided = 0;
+    for (int m = 0; m < 4; m++) {
+        float t[255];
+        ref_thresholds(maps[m], t);
+        bnb8_codebook_init(book, maps[m]);
+        int zero_code = bnb8_nearest_code(book->t, 0.0f);
+        for (int i = 0; i < 600000 && test_failures() < 20; i++) {
+            float a = (float)pow(2.0, -140.0 + 280.0 * test_uniform(&r));     // subnormal .. 2^140
+            if (i % 97 == 0) a = i % 2 ? 0x1p-125f : 0x1p125f;
+            float x;
+            if (i % 2) x = (float)((2.0 * test_uniform(&r) - 1.0) * a * pow(10.0, -8.0 * test_uniform(&r)));
+            else {
+                x = t[test_u64(&r) % 255] * a;                                 // near a threshold
+                for (int k = (int)(test_u64(&r) % 25) - 12; k != 0; k += k > 0 ? -1 : 1)
+                    x = nextafterf(x, k > 0 ? INFINITY : -INFINITY);
+                if (fabsf(x) > a) x = x > 0 ? a : -a;
+            }
+            if (!isfinite(a) || a == 0.0f) continue;
+            float rec = bnb8_reciprocal(a);
+            int exact = 0, got = bnb8_nearest_code_near(book, x * rec, &exact);
+            checked++;
+            if (exact) { divided++; continue; }
+            int want = ref_nearest(t, x / a);
+            EXPECT(got == want, "map %d: x %.9g a %.9g: near code %d, exact %d", m, (double)x, (double)a, got, want);
+            int qv = bnb8_quantize_value_near(book, zero_code, x, rec, &exact);
+            EXPECT(!exact && qv == bnb8_quantize_value(book, zero_code, x, a), "map %d: quantize_value_near differs", m);
+        }
+    }
+    printf("    %lld values, %.3f%% needed the division\n", (long long)checked, 100.0 * (double)divided / (double)checked);
+    free(book);
+}
+
 static void test_nearest_code(void) {
     test_rng r = test_rng_new();
     float maps[6][256];
@@ -972,6 +1015,7 @@ void tests_quant(void) {
     test_run("linear maps are evenly spaced with a doubled zero", test_linear_maps);
     test_run("quantile map matches a sorted double reference", test_quantile_map);
     test_run("nearest code equals brute force on every map", test_nearest_code);
+    test_run("division-free codes equal the exact ones where they do not divide", test_nearest_code_near);
     test_run("bf16 and fp16 conversions round to nearest even", test_conversions);
     test_run("block-wise round trip stays within the SPEC error bars", test_round_trip_error_bars);
     test_run("quantize and dequantize match a brute-force reference exactly", test_quantize_exact);

@@ -193,8 +193,8 @@ def opt_case(name, layout, dtype, ctor, bpe, note_fn=None):
         torch.cuda.reset_peak_memory_stats()
         params = make_params(shapes, dtype)
         opt = ctor(params)
-        note = note_fn(opt) if note_fn else ""
         ms, ms_min, reps = time_cuda(opt.step, OPT_TARGET_S, OPT_MAX_REPS)
+        note = note_fn(opt, params) if note_fn else ""  # after the steps: states are made lazily
         finite = all(bool(torch.isfinite(params[i]).all()) for i in (0, len(params) // 2, len(params) - 1))
         peak = torch.cuda.max_memory_allocated() / 2**30
         note = (note + " " if note else "") + f"peak {peak:.1f} GiB" + ("" if finite else " NON-FINITE PARAMS")
@@ -298,9 +298,10 @@ def run_flash():
     log("flashoptim.FlashAdamW, bf16 params + bf16 grads, config: "
         + ", ".join(f"{k}={v}" for k, v in cfg.items()))
 
-    def note_fn(opt):
-        return (f"fused={opt._fused} quantize={opt._quantize} master_bytes={opt._master_bytewidth}"
-                if hasattr(opt, "_fused") else "")
+    def note_fn(opt, params):
+        # public API only: the README documents the correction as optimizer.state[p]["error_bits"]
+        err = opt.state[params[0]].get("error_bits")
+        return "error_bits " + (str(err.dtype).replace("torch.", "") if err is not None else "none")
 
     for layout in LAYOUTS:
         opt_case(name, layout, torch.bfloat16, lambda ps: FlashAdamW(ps, **cfg), BPE_FLASH, note_fn)

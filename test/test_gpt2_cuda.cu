@@ -1,0 +1,547 @@
+/*
+test_gpt2_cuda.cu — the GPU GPT-2 model (gpt2_cuda.cu) against the trainer's CPU model, on the device:
+`make test-gpt2-gpu`. Last line: "N passed, M failed".
+
+  parity  fp32 mode, the CPU model's weights (perturbed so that no bias is 0 and no LayerNorm weight
+          1) and tokens: logits, losses, every gradient tensor, and the weights after one SGD step
+          (the library's optimizer, CPU vs GPU), each within 1e-4 relative per tensor
+          (max |gpu - cpu| / max |cpu|); gradients overwrite a NaN-poisoned buffer; accumulate = 1
+          doubles them; gradient release (per-layer slices reused, a callback per layer) gives the
+          same gradients, with the callbacks in order LNF, L-1 .. 0, EMBED.
+  bf16    the same weights in bf16: forward loss within 1% of fp32, then 20 steps of AdamW (bnb8,
+          32-bit states) side by side with the fp32 model, every step's loss within 1%.
+  d12     GPT-2 124M (L=12, C=768, NH=12, Vp=50304), B=16, T=1024, bf16: forward + backward ms,
+          tokens/s, a per-phase breakdown (CUDA events) and the memory.
+
+GPT2_TEST_QUICK=1: the small configurations only (for compute-sanitizer).
+*/
+#include "gpt2_cuda.h"
+#include "bnb8.h"
+#include "test/gpt2_cpu_ref.h"
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <vector>
+#include <algorithm>
+
+static int tests_passed, tests_failed, failures;
+
+#define CUDA_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1); } } while (0)
+#define EXPECT(cond, ...) do { if (!(cond)) { if (failures++ < 8) { printf("    FAIL %s:%d: ", __FILE__, __LINE__); \
+    printf(__VA_ARGS__); printf("\n"); } } } while (0)
+// a model call that must succeed: on failure the test cannot go on
+#define MUST(call) do { if ((call) != 0) { EXPECT(0, "%s: %s", #call, gpt2_cuda_last_error()); return; } } while (0)
+
+static const char *names[18] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
+                                "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lnew", "lneb"};
+
+static uint64_t rng_state = 42;
+static uint64_t next_u64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float randn(void) {
+    double u1 = ((double)(next_u64() >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(next_u64() >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static void run(const char *name, void (*fn)(void)) {
+    failures = 0;
+    printf("---- %s\n", name);
+    fflush(stdout);
+    fn();
+    if (failures) tests_failed++; else tests_passed++;
+    printf("%s %s\n", failures ? "FAIL" : "ok  ", name);
+    fflush(stdout);
+}
+
+// max |a - ref| / max |ref| (max |a| when ref is all 0); inf when a holds a non-finite value.
+static double rel_err(const float *a, const float *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        num = fmax(num, fabs((double)a[i] - (double)ref[i]));
+        den = fmax(den, fabs((double)ref[i]));
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+static GPT2CudaConfig config_of(const int cfg[7]) {
+    GPT2CudaConfig c = {cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6]};
+    return c;
+}
+
+// Tensor offsets in the flat layout.
+static void offsets_of(const int64_t sizes[18], int64_t off[18]) {
+    int64_t o = 0;
+    for (int i = 0; i < 18; i++) { off[i] = o; o += sizes[i]; }
+}
+
+// Training data: the embedded fortunes tokens (llm.c format), or random tokens below V if absent.
+static std::vector<int> data_tokens(int V, int64_t want) {
+    std::vector<int> out;
+    FILE *f = fopen("dev/data/fortunes/fortunes_train.bin", "rb");
+    int32_t h[256];
+    if (f && fread(h, 4, 256, f) == 256 && h[0] == 20240520) {
+        std::vector<uint16_t> t((size_t)h[2]);
+        if (fread(t.data(), 2, t.size(), f) == t.size())
+            for (size_t i = 0; i < t.size() && (int64_t)out.size() < want; i++) if (t[i] < V) out.push_back(t[i]);
+    }
+    if (f) fclose(f);
+    while ((int64_t)out.size() < want) out.push_back((int)(next_u64() % (uint64_t)V));
+    return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// fp32 parity with the CPU model
+
+typedef struct {
+    int order[256], n;
+    float *full;                  // device, the full gradient layout
+    GPT2CudaGrads *slices;
+    int64_t sizes[18], off[18];
+    int L;
+} ReleaseCtx;
+
+// Gradient release as a consumer sees it: copy layer `which`'s slices out before they are reused.
+static int release_ready(void *ctx, int which, struct CUstream_st *stream) {
+    ReleaseCtx *r = (ReleaseCtx *)ctx;
+    if (r->n < 256) r->order[r->n++] = which;
+    if (which < 0) return 0;      // LNF, EMBED: written in place in the full buffer
+    for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) {
+        int64_t slice = r->sizes[i] / r->L;
+        if (cudaMemcpyAsync(r->full + r->off[i] + which * slice, r->slices->tensor[i], 4 * (size_t)slice,
+                            cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess) return 1;
+    }
+    return 0;
+}
+
+static void parity(const char *desc, int stable, int B, int T) {
+    void *ref = NULL;
+    int cfg[7];
+    if (ref_create(&ref, desc, stable, 1234, B, T, cfg)) { EXPECT(0, "ref_create %s: %s", desc, ref_error()); return; }
+    GPT2CudaConfig c = config_of(cfg);
+    int64_t n = ref_num_params(ref), sizes[18], off[18], BT = (int64_t)B * T, Vp = c.padded_vocab_size, L = c.num_layers;
+    ref_param_sizes(ref, sizes);
+    offsets_of(sizes, off);
+    printf("model %s: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d StableEmbedding %s, %lld parameters; B=%d T=%d\n", desc,
+           c.num_layers, c.channels, c.num_heads, c.vocab_size, c.padded_vocab_size, c.max_seq_len,
+           c.stable_embedding ? "on" : "off", (long long)n, B, T);
+    // perturb: no zero bias, no unit LayerNorm weight, padding rows of wte nonzero (must be ignored)
+    float *p = ref_params(ref);
+    for (int i = 0; i < 18; i++) {
+        int matrix = i == 0 || i == 1 || i == 4 || i == 6 || i == 10 || i == 12;
+        for (int64_t j = 0; j < sizes[i]; j++)
+            if (!matrix) p[off[i] + j] += 0.05f * randn();
+            else if (i == 0 && j >= (int64_t)c.vocab_size * c.channels) p[off[i] + j] = 0.02f * randn();
+    }
+    std::vector<int> in(BT), tg(BT);
+    for (int64_t i = 0; i < BT; i++) { in[i] = (int)(next_u64() % (uint64_t)c.vocab_size); tg[i] = (int)(next_u64() % (uint64_t)c.vocab_size); }
+
+    // CPU: the trainer's forward and backward
+    std::vector<float> logits_cpu(BT * Vp), losses_cpu(BT), p0(p, p + n);
+    float loss_cpu = ref_forward(ref, in.data(), tg.data(), B, T, logits_cpu.data(), losses_cpu.data());
+    ref_backward(ref);
+    const float *g_cpu = ref_grads(ref);
+
+    // GPU, allocated for twice the T when it fits: the forward runs at a smaller T than allocated
+    GPT2Cuda *m = NULL;
+    int Talloc = 2 * T <= c.max_seq_len ? 2 * T : T;
+    float *d_grads = NULL, *d_full = NULL, *d_slices = NULL;
+    std::vector<float> logits(BT * Vp), losses(BT), g(n), g2(n), pg(n);
+    double worst = 0.0;
+    float loss = 0.0f;
+    if (gpt2_cuda_create(&m, &c, GPT2_CUDA_FP32, B, Talloc)) { EXPECT(0, "create: %s", gpt2_cuda_last_error()); goto out; }
+    if (gpt2_cuda_set_params(m, p0.data()) || gpt2_cuda_forward(m, in.data(), tg.data(), B, T, 0) ||
+        gpt2_cuda_loss(m, &loss, losses.data()) || gpt2_cuda_get_logits(m, logits.data(), 0, BT)) {
+        EXPECT(0, "forward: %s", gpt2_cuda_last_error());
+        goto out;
+    }
+    {
+        double el = rel_err(logits.data(), logits_cpu.data(), BT * Vp), es = rel_err(losses.data(), losses_cpu.data(), BT);
+        double eloss = fabs((double)loss - loss_cpu) / fabs((double)loss_cpu);
+        printf("  forward   logits %.2e   losses %.2e   loss %.6f vs cpu %.6f (%.2e)\n", el, es, loss, loss_cpu, eloss);
+        EXPECT(el <= 1e-4 && es <= 1e-4 && eloss <= 1e-4, "forward outside 1e-4: logits %.2e losses %.2e loss %.2e", el, es, eloss);
+    }
+
+    // backward into a NaN-poisoned buffer: every element must be written
+    CUDA_CHECK(cudaMalloc(&d_grads, 4 * (size_t)n));
+    CUDA_CHECK(cudaMemset(d_grads, 0xff, 4 * (size_t)n));
+    GPT2CudaGrads grads;
+    if (gpt2_cuda_grads_point(m, &grads, d_grads, GPT2_CUDA_FP32) || gpt2_cuda_forward(m, in.data(), tg.data(), B, T, 1) ||
+        gpt2_cuda_backward(m, &grads, 0, NULL, NULL)) {
+        EXPECT(0, "backward: %s", gpt2_cuda_last_error());
+        goto out;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(g.data(), d_grads, 4 * (size_t)n, cudaMemcpyDeviceToHost));
+
+    // one SGD step with the library's optimizer on both sides (lr 0.1, no momentum)
+    {
+        bnb8_config oc = bnb8_config_default(BNB8_SGD);
+        oc.momentum = 0.0f; oc.lr = 0.1f; oc.weight_decay = 0.0f; oc.format = BNB8_STATE_32BIT;
+        bnb8_optimizer *ocpu = NULL, *ogpu = NULL;
+        int ok = bnb8_optimizer_create(&ocpu, BNB8_SGD, &oc) == 0 && bnb8_optimizer_create(&ogpu, BNB8_SGD, &oc) == 0;
+        for (int i = 0; i < 18 && ok; i++) {
+            if (!sizes[i]) continue;
+            ok &= bnb8_optimizer_add(ocpu, names[i], p + off[i], BNB8_F32, (void *)(g_cpu + off[i]), BNB8_F32, sizes[i], NULL) == 0;
+            ok &= bnb8_optimizer_add(ogpu, names[i], gpt2_cuda_param_tensor(m, i), BNB8_F32, grads.tensor[i], BNB8_F32, sizes[i], NULL) == 0;
+        }
+        ok = ok && bnb8_optimizer_step(ocpu, 0.1f, 1.0f, NULL) == 0 && bnb8_optimizer_step(ogpu, 0.1f, 1.0f, gpt2_cuda_stream(m)) == 0;
+        EXPECT(ok, "optimizer: %s", bnb8_last_error());
+        bnb8_optimizer_free(ocpu);
+        bnb8_optimizer_free(ogpu);
+        if (!ok || gpt2_cuda_get_params(m, pg.data())) { EXPECT(0, "sgd step: %s", gpt2_cuda_last_error()); goto out; }
+    }
+    printf("  %-9s %12s %12s %12s   (relative: max|gpu-cpu| / max|cpu| per tensor)\n", "tensor", "gradient", "sgd weights", "sgd update");
+    for (int i = 0; i < 18; i++) {
+        if (!sizes[i]) continue;
+        std::vector<float> du(sizes[i]), dc(sizes[i]);
+        for (int64_t j = 0; j < sizes[i]; j++) { du[j] = pg[off[i] + j] - p0[off[i] + j]; dc[j] = p[off[i] + j] - p0[off[i] + j]; }
+        double eg = rel_err(g.data() + off[i], g_cpu + off[i], sizes[i]);
+        double ew = rel_err(pg.data() + off[i], p + off[i], sizes[i]);
+        double eu = rel_err(du.data(), dc.data(), sizes[i]);
+        printf("  %-9s %12.2e %12.2e %12.2e\n", names[i], eg, ew, eu);
+        EXPECT(eg <= 1e-4 && ew <= 1e-4, "%s: gradient %.2e, weights after SGD %.2e (bar 1e-4)", names[i], eg, ew);
+        worst = fmax(worst, eg);
+    }
+    printf("  worst gradient tensor %.2e\n", worst);
+
+    // accumulate = 1 adds a second copy: 2 g (restore the weights first: the SGD step moved them)
+    if (gpt2_cuda_set_params(m, p0.data()) || gpt2_cuda_forward(m, in.data(), tg.data(), B, T, 1) ||
+        gpt2_cuda_backward(m, &grads, 0, NULL, NULL) || gpt2_cuda_backward(m, &grads, 1, NULL, NULL)) {
+        EXPECT(0, "accumulate: %s", gpt2_cuda_last_error());
+        goto out;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(g2.data(), d_grads, 4 * (size_t)n, cudaMemcpyDeviceToHost));
+    {
+        std::vector<float> twice(n);
+        for (int64_t j = 0; j < n; j++) twice[j] = 2.0f * g[j];
+        double e = rel_err(g2.data(), twice.data(), n);
+        printf("  accumulate: backward twice = 2 x once within %.2e\n", e);
+        EXPECT(e <= 1e-5, "accumulate: %.2e", e);
+    }
+
+    // gradient release: layer tensors in one reused slice each, copied out by the callback
+    {
+        CUDA_CHECK(cudaMalloc(&d_full, 4 * (size_t)n));
+        CUDA_CHECK(cudaMemset(d_full, 0xff, 4 * (size_t)n));
+        int64_t slice_total = 0;
+        for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) slice_total += sizes[i] / L;
+        CUDA_CHECK(cudaMalloc(&d_slices, 4 * (size_t)slice_total));
+        GPT2CudaGrads rel;
+        gpt2_cuda_grads_point(m, &rel, d_full, GPT2_CUDA_FP32);
+        rel.reuse_layer_slice = 1;
+        float *s = d_slices;
+        for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) { rel.tensor[i] = s; s += sizes[i] / L; }
+        ReleaseCtx rc;
+        memset(&rc, 0, sizeof rc);
+        rc.full = d_full; rc.slices = &rel; rc.L = (int)L;
+        memcpy(rc.sizes, sizes, sizeof sizes);
+        memcpy(rc.off, off, sizeof off);
+        if (gpt2_cuda_backward(m, &rel, 0, release_ready, &rc)) { EXPECT(0, "release: %s", gpt2_cuda_last_error()); goto out; }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(g2.data(), d_full, 4 * (size_t)n, cudaMemcpyDeviceToHost));
+        double e = rel_err(g2.data(), g.data(), n);
+        int order_ok = rc.n == (int)L + 2 && rc.order[0] == GPT2_CUDA_GRADS_LNF && rc.order[L + 1] == GPT2_CUDA_GRADS_EMBED;
+        for (int k = 1; k <= L && order_ok; k++) order_ok = rc.order[k] == (int)L - k;
+        printf("  release: per-layer slices give the full gradients within %.2e; %d callbacks, order %s\n", e, rc.n,
+               order_ok ? "LNF, L-1..0, EMBED" : "WRONG");
+        EXPECT(e <= 1e-6 && order_ok, "release: %.2e, order ok %d", e, order_ok);
+        double norm = 0.0, ref_norm = 0.0;
+        for (int64_t j = 0; j < n; j++) ref_norm += (double)g_cpu[j] * g_cpu[j];
+        ref_norm = sqrt(ref_norm);
+        if (gpt2_cuda_grad_norm(m, &grads, &norm)) { EXPECT(0, "grad_norm: %s", gpt2_cuda_last_error()); goto out; }
+        // grads now holds the accumulated 2 g
+        printf("  grad norm %.6f vs cpu %.6f\n", norm / 2, ref_norm);
+        EXPECT(fabs(norm / 2 - ref_norm) <= 1e-4 * ref_norm, "grad norm %.6g vs %.6g", norm / 2, ref_norm);
+    }
+out:
+    cudaFree(d_grads); cudaFree(d_full); cudaFree(d_slices);
+    gpt2_cuda_free(m);
+    ref_free(ref);
+}
+
+static void test_parity_small(void) { parity("d2c64h4v100t64", 1, 4, 32); }
+static void test_parity_small_plain(void) { parity("d2c64h4v100t64", 0, 4, 32); }
+static void test_parity_d4(void) { parity("d4", 1, 4, 64); }
+
+// ------------------------------------------------------------------------------------------------
+// bf16 against fp32
+
+static void bf16_vs_fp32(const char *desc, int B, int T, int steps) {
+    void *ref = NULL;
+    int cfg[7];
+    if (ref_create(&ref, desc, 1, 99, 0, 0, cfg)) { EXPECT(0, "ref_create: %s", ref_error()); return; }
+    GPT2CudaConfig c = config_of(cfg);
+    int64_t n = ref_num_params(ref), sizes[18], BT = (int64_t)B * T;
+    ref_param_sizes(ref, sizes);
+    printf("model %s: L=%d C=%d NH=%d V=%d, %lld parameters; B=%d T=%d, AdamW lr 1e-3 (beta2 0.95), %d steps\n", desc,
+           c.num_layers, c.channels, c.num_heads, c.vocab_size, (long long)n, B, T, steps);
+    std::vector<int> data = data_tokens(c.vocab_size, BT * steps + 1);
+    GPT2Cuda *m32 = NULL, *m16 = NULL;
+    void *g32 = NULL, *g16 = NULL, *g16f = NULL;
+    bnb8_optimizer *o32 = NULL, *o16 = NULL;
+    GPT2CudaGrads gr32, gr16, gr16f;
+    std::vector<float> h32(n), h16(n), h16f(n);
+    float l32 = 0.0f, l16 = 0.0f, first32 = 0.0f, first16 = 0.0f, last32 = 0.0f, last16 = 0.0f;
+    double gap, worst_gap = 0.0, worst_grad = 0.0;
+    if (gpt2_cuda_create(&m32, &c, GPT2_CUDA_FP32, B, T) || gpt2_cuda_create(&m16, &c, GPT2_CUDA_BF16, B, T) ||
+        gpt2_cuda_set_params(m32, ref_params(ref)) || gpt2_cuda_set_params(m16, ref_params(ref))) {
+        EXPECT(0, "create: %s", gpt2_cuda_last_error());
+        goto out;
+    }
+    CUDA_CHECK(cudaMalloc(&g32, 4 * (size_t)n));
+    CUDA_CHECK(cudaMalloc(&g16, 2 * (size_t)n));
+    CUDA_CHECK(cudaMalloc(&g16f, 4 * (size_t)n));
+    gpt2_cuda_grads_point(m32, &gr32, g32, GPT2_CUDA_FP32);
+    gpt2_cuda_grads_point(m16, &gr16, g16, GPT2_CUDA_BF16);
+    gpt2_cuda_grads_point(m16, &gr16f, g16f, GPT2_CUDA_FP32);
+
+    // forward loss, then the gradients of the first batch (bf16 into bf16 and into fp32 buffers)
+    if (gpt2_cuda_forward(m32, data.data(), data.data() + 1, B, T, 1) || gpt2_cuda_loss(m32, &l32, NULL) ||
+        gpt2_cuda_forward(m16, data.data(), data.data() + 1, B, T, 1) || gpt2_cuda_loss(m16, &l16, NULL) ||
+        gpt2_cuda_backward(m32, &gr32, 0, NULL, NULL) || gpt2_cuda_backward(m16, &gr16, 0, NULL, NULL) ||
+        gpt2_cuda_backward(m16, &gr16f, 0, NULL, NULL)) {
+        EXPECT(0, "step 0: %s", gpt2_cuda_last_error());
+        goto out;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    gap = fabs((double)l16 - l32) / l32;
+    printf("  forward loss: fp32 %.5f, bf16 %.5f, gap %.3f%%\n", l32, l16, 100.0 * gap);
+    EXPECT(gap <= 0.01, "bf16 forward loss gap %.3f%% > 1%%", 100.0 * gap);
+    {
+        std::vector<uint16_t> raw(n);
+        CUDA_CHECK(cudaMemcpy(h32.data(), g32, 4 * (size_t)n, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(raw.data(), g16, 2 * (size_t)n, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(h16f.data(), g16f, 4 * (size_t)n, cudaMemcpyDeviceToHost));
+        for (int64_t j = 0; j < n; j++) h16[j] = bnb8_bf16_to_f32(raw[j]);
+        printf("  bf16 gradients vs fp32 (informative; relative per tensor), bf16 buffer / fp32 buffer:\n   ");
+        int64_t o = 0;
+        for (int i = 0; i < 18; i++) {
+            if (!sizes[i]) continue;
+            double a = rel_err(h16.data() + o, h32.data() + o, sizes[i]), b = rel_err(h16f.data() + o, h32.data() + o, sizes[i]);
+            printf(" %s %.1e/%.1e", names[i], a, b);
+            if (i == 8) printf("\n   ");
+            worst_grad = fmax(worst_grad, fmax(a, b));
+            o += sizes[i];
+        }
+        printf("\n");
+        EXPECT(isfinite(worst_grad), "bf16 gradients not finite");
+    }
+
+    // training side by side: AdamW with 32-bit states (bf16 weights stay bf16, rounded each step)
+    {
+        bnb8_config oc = bnb8_config_default(BNB8_ADAMW);
+        oc.lr = 1e-3f; oc.beta2 = 0.95f; oc.weight_decay = 0.0f; oc.format = BNB8_STATE_32BIT;
+        int ok = bnb8_optimizer_create(&o32, BNB8_ADAMW, &oc) == 0 && bnb8_optimizer_create(&o16, BNB8_ADAMW, &oc) == 0;
+        for (int i = 0; i < 18 && ok; i++) {
+            if (!sizes[i]) continue;
+            ok &= bnb8_optimizer_add(o32, names[i], gpt2_cuda_param_tensor(m32, i), BNB8_F32, gr32.tensor[i], BNB8_F32, sizes[i], NULL) == 0;
+            ok &= bnb8_optimizer_add(o16, names[i], gpt2_cuda_param_tensor(m16, i), BNB8_BF16, gr16.tensor[i], BNB8_BF16, sizes[i], NULL) == 0;
+        }
+        if (!ok) { EXPECT(0, "optimizer: %s", bnb8_last_error()); goto out; }
+    }
+    for (int s = 0; s < steps; s++) {
+        const int *x = data.data() + (int64_t)s * BT;
+        if (gpt2_cuda_forward(m32, x, x + 1, B, T, 1) || gpt2_cuda_backward(m32, &gr32, 0, NULL, NULL) ||
+            gpt2_cuda_forward(m16, x, x + 1, B, T, 1) || gpt2_cuda_backward(m16, &gr16, 0, NULL, NULL) ||
+            gpt2_cuda_loss(m32, &l32, NULL) || gpt2_cuda_loss(m16, &l16, NULL)) {
+            EXPECT(0, "step %d: %s", s + 1, gpt2_cuda_last_error());
+            goto out;
+        }
+        if (bnb8_optimizer_step(o32, 1e-3f, 1.0f, gpt2_cuda_stream(m32)) || bnb8_optimizer_step(o16, 1e-3f, 1.0f, gpt2_cuda_stream(m16))) {
+            EXPECT(0, "optimizer step: %s", bnb8_last_error());
+            goto out;
+        }
+        gap = fabs((double)l16 - l32) / l32;
+        worst_gap = fmax(worst_gap, gap);
+        if (s == 0) { first32 = l32; first16 = l16; }
+        last32 = l32; last16 = l16;
+        if (s < 3 || s % 5 == 4 || s == steps - 1)
+            printf("  step %2d  loss fp32 %.5f  bf16 %.5f  gap %.3f%%\n", s + 1, l32, l16, 100.0 * gap);
+    }
+    printf("  %d steps: fp32 %.4f -> %.4f, bf16 %.4f -> %.4f, largest gap %.3f%%\n", steps, first32, last32, first16,
+           last16, 100.0 * worst_gap);
+    EXPECT(worst_gap <= 0.01, "bf16 loss gap %.3f%% > 1%%", 100.0 * worst_gap);
+    EXPECT(last32 < first32 && last16 < first16, "the loss did not fall");
+out:
+    bnb8_optimizer_free(o32); bnb8_optimizer_free(o16);
+    cudaFree(g32); cudaFree(g16); cudaFree(g16f);
+    gpt2_cuda_free(m32); gpt2_cuda_free(m16);
+    ref_free(ref);
+}
+
+static int quick;
+static void test_bf16(void) {
+    if (quick) bf16_vs_fp32("d2c64h4v100t64", 4, 32, 3);
+    else bf16_vs_fp32("d4", 8, 64, 20);
+}
+
+// ------------------------------------------------------------------------------------------------
+// d12 throughput
+
+static void print_mb(const char *what, double bytes) { printf("  %-44s %10.1f MB\n", what, bytes / 1e6); }
+
+static void bench_d12(void) {
+    const int B = 16, T = 1024, iters = 10;
+    void *ref = NULL;
+    int cfg[7];
+    if (ref_create(&ref, "d12", 1, 7, 0, 0, cfg)) { EXPECT(0, "ref_create: %s", ref_error()); return; }
+    GPT2CudaConfig c = config_of(cfg);
+    int64_t n = ref_num_params(ref), sizes[18], BT = (int64_t)B * T;
+    ref_param_sizes(ref, sizes);
+    std::vector<int> data = data_tokens(c.vocab_size, BT + 1);
+    GPT2Cuda *m = NULL;
+    void *gmem = NULL;
+    GPT2CudaGrads g;
+    bnb8_optimizer *opt = NULL;
+    cudaEvent_t e0, e1, e2;
+    CUDA_CHECK(cudaEventCreate(&e0)); CUDA_CHECK(cudaEventCreate(&e1)); CUDA_CHECK(cudaEventCreate(&e2));
+    std::vector<float> tf, tb, tt;
+    float loss = 0.0f;
+    size_t free0 = 0, free1 = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+    if (gpt2_cuda_create(&m, &c, GPT2_CUDA_BF16, B, T) || gpt2_cuda_set_params(m, ref_params(ref))) {
+        EXPECT(0, "create: %s", gpt2_cuda_last_error());
+        goto out;
+    }
+    ref_free(ref);
+    ref = NULL;
+    CUDA_CHECK(cudaMalloc(&gmem, 2 * (size_t)n));
+    gpt2_cuda_grads_point(m, &g, gmem, GPT2_CUDA_BF16);
+    printf("model d12: L=%d C=%d NH=%d V=%d Vp=%d, %lld parameters, StableEmbedding on; bf16, B=%d T=%d (%lld tokens)\n",
+           c.num_layers, c.channels, c.num_heads, c.vocab_size, c.padded_vocab_size, (long long)n, B, T, (long long)BT);
+    for (int it = 0; it < iters + 2; it++) {
+        cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(m);
+        CUDA_CHECK(cudaEventRecord(e0, s));
+        if (gpt2_cuda_forward(m, data.data(), data.data() + 1, B, T, 1)) { EXPECT(0, "forward: %s", gpt2_cuda_last_error()); goto out; }
+        CUDA_CHECK(cudaEventRecord(e1, s));
+        if (gpt2_cuda_backward(m, &g, 0, NULL, NULL)) { EXPECT(0, "backward: %s", gpt2_cuda_last_error()); goto out; }
+        CUDA_CHECK(cudaEventRecord(e2, s));
+        if (gpt2_cuda_loss(m, &loss, NULL)) { EXPECT(0, "loss: %s", gpt2_cuda_last_error()); goto out; }
+        float a = 0.0f, b = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+        CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+        if (it >= 2) { tf.push_back(a); tb.push_back(b); tt.push_back(a + b); }
+    }
+    CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+    std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end()); std::sort(tt.begin(), tt.end());
+    {
+        double med = tt[iters / 2];
+        printf("  loss at init %.4f (ln V = %.4f)\n", loss, log((double)c.vocab_size));
+        printf("  forward %.2f ms + backward %.2f ms = %.2f ms (median of %d; min %.2f, max %.2f)\n", tf[iters / 2],
+               tb[iters / 2], med, iters, tt[0], tt[iters - 1]);
+        printf("  THROUGHPUT d12 bf16 B=16 T=1024 forward+backward: %.0f tokens/s\n", (double)BT / (med / 1e3));
+        EXPECT(isfinite(loss), "loss not finite");
+    }
+    // per-phase breakdown of one forward + backward
+    {
+        const char *pn[64];
+        double pms[64];
+        int pc[64];
+        if (gpt2_cuda_profile(m, 1) || gpt2_cuda_forward(m, data.data(), data.data() + 1, B, T, 1) ||
+            gpt2_cuda_backward(m, &g, 0, NULL, NULL)) { EXPECT(0, "profile: %s", gpt2_cuda_last_error()); goto out; }
+        int k = gpt2_cuda_profile_read(m, pn, pms, pc, 64);
+        gpt2_cuda_profile(m, 0);
+        double sum = 0.0;
+        std::vector<int> idx;
+        for (int i = 0; i < k; i++) { sum += pms[i]; idx.push_back(i); }
+        std::sort(idx.begin(), idx.end(), [&](int a, int b) { return pms[a] > pms[b]; });
+        printf("  breakdown of one forward + backward (events around each phase; %.2f ms in all):\n", sum);
+        for (int i : idx) printf("    %-26s %8.3f ms %5.1f%%  (%d)\n", pn[i], pms[i], 100.0 * pms[i] / sum, pc[i]);
+    }
+    // the optimizer step that would follow: bnb8 8-bit AdamW on bf16 weights and gradients
+    {
+        bnb8_config oc = bnb8_config_default(BNB8_ADAMW);
+        oc.beta2 = 0.95f;
+        int ok = bnb8_optimizer_create(&opt, BNB8_ADAMW, &oc) == 0;
+        for (int i = 0; i < 18 && ok; i++)
+            if (sizes[i]) ok &= bnb8_optimizer_add(opt, names[i], gpt2_cuda_param_tensor(m, i), BNB8_BF16, g.tensor[i], BNB8_BF16, sizes[i], NULL) == 0;
+        std::vector<float> to;
+        cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(m);
+        for (int it = 0; it < 7 && ok; it++) {
+            CUDA_CHECK(cudaEventRecord(e0, s));
+            ok &= bnb8_optimizer_step(opt, 1e-4f, 1.0f, gpt2_cuda_stream(m)) == 0;
+            CUDA_CHECK(cudaEventRecord(e1, s));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            float a = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+            if (it >= 2) to.push_back(a);
+        }
+        EXPECT(ok, "optimizer: %s", bnb8_last_error());
+        if (ok) {
+            std::sort(to.begin(), to.end());
+            double step = tt[iters / 2] + to[2];
+            printf("  bnb8 8-bit AdamW step (bf16 weights + grads): %.3f ms; whole step %.2f ms = %.0f tokens/s\n", to[2],
+                   step, (double)BT / (step / 1e3));
+        }
+    }
+    printf("  memory:\n");
+    print_mb("parameters (bf16)", (double)gpt2_cuda_param_bytes(m));
+    print_mb("gradients (bf16, caller's buffer)", 2.0 * (double)n);
+    print_mb("activations (one allocation, all of these)", (double)gpt2_cuda_act_bytes(m));
+    {
+        std::vector<int> idx;
+        for (int i = 0; i < gpt2_cuda_num_act_tensors(); i++) idx.push_back(i);
+        std::sort(idx.begin(), idx.end(), [&](int a, int b) { return gpt2_cuda_act_tensor_bytes(m, a) > gpt2_cuda_act_tensor_bytes(m, b); });
+        for (int k = 0; k < 8; k++) {
+            char label[80];
+            snprintf(label, sizeof label, "  %s", gpt2_cuda_act_name(idx[k]));
+            print_mb(label, (double)gpt2_cuda_act_tensor_bytes(m, idx[k]));
+        }
+    }
+    print_mb("device memory in use by the test (cudaMemGetInfo)", (double)(free0 - free1));
+out:
+    bnb8_optimizer_free(opt);
+    cudaFree(gmem);
+    gpt2_cuda_free(m);
+    ref_free(ref);
+    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaEventDestroy(e2);
+}
+
+// ------------------------------------------------------------------------------------------------
+
+static void test_errors(void) {
+    // refusals come back as -1 with a message, never a crash
+    GPT2Cuda *m = NULL;
+    GPT2CudaConfig bad = {64, 100, 128, 2, 3, 64, 0};       // C not a multiple of NH
+    EXPECT(gpt2_cuda_create(&m, &bad, GPT2_CUDA_FP32, 2, 16) == -1 && m == NULL, "bad config accepted");
+    printf("  bad config: %s\n", gpt2_cuda_last_error());
+    GPT2CudaConfig c = {64, 100, 128, 2, 4, 64, 1};
+    MUST(gpt2_cuda_create(&m, &c, GPT2_CUDA_FP32, 2, 16));
+    std::vector<int> in(64, 5);
+    EXPECT(gpt2_cuda_forward(m, in.data(), NULL, 2, 32, 0) == -1, "T above the allocation accepted");
+    in[3] = 100;
+    EXPECT(gpt2_cuda_forward(m, in.data(), NULL, 2, 16, 0) == -1, "token id V accepted");
+    printf("  bad token: %s\n", gpt2_cuda_last_error());
+    in[3] = 7;
+    GPT2CudaGrads g;
+    memset(&g, 0, sizeof g);
+    EXPECT(gpt2_cuda_forward(m, in.data(), NULL, 2, 16, 0) == 0, "forward: %s", gpt2_cuda_last_error());
+    EXPECT(gpt2_cuda_backward(m, &g, 0, NULL, NULL) == -1, "backward without targets accepted");
+    float x;
+    EXPECT(gpt2_cuda_loss(m, &x, NULL) == -1, "loss without targets accepted");
+    gpt2_cuda_free(m);
+}
+
+int main(void) {
+    quick = getenv("GPT2_TEST_QUICK") && atoi(getenv("GPT2_TEST_QUICK")) > 0;
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { printf("no CUDA device\n0 passed, 1 failed\n"); return 1; }
+    printf("device: %s, %d SMs, %.1f GB\n", prop.name, prop.multiProcessorCount, prop.totalGlobalMem / 1e9);
+    run("errors: refusals with a message", test_errors);
+    run("fp32 parity, L=2 C=64 NH=4 V=100, StableEmbedding", test_parity_small);
+    run("fp32 parity, L=2 C=64 NH=4 V=100, plain embedding", test_parity_small_plain);
+    if (!quick) run("fp32 parity, d4 (L=4 C=256 NH=4 V=50257)", test_parity_d4);
+    run(quick ? "bf16 vs fp32, small, 3 steps" : "bf16 vs fp32, d4 on fortunes, 20 steps", test_bf16);
+    if (!quick) run("d12 throughput, bf16, B=16 T=1024", bench_d12);
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
+}
