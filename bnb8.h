@@ -590,16 +590,21 @@ BNB8_HD float bnb8_scale_round_up(float amax, bnb8_dtype dtype) {
 // The code byte of a state value x in a group of stored scale s. Signed: z = x/s, softsign
 // y = 2z/(1+|z|), q = floor(127 y + 0.5) in [-127, 127] as int8. Unsigned: z = sqrt(x)/s,
 // q = floor(255 z + 0.5). Scale 0 (an all-zero group), non-finite x or z: code 0.
-BNB8_HD uint8_t bnb8_compand_value(float x, float scale, int is_signed) {
+// bnb8_compand_code takes m = bnb8_compand_magnitude(x, is_signed), which the group's scale
+// needed already (a square root saved per unsigned value).
+BNB8_HD uint8_t bnb8_compand_code(float x, float m, float scale, int is_signed) {
     if (!(scale > 0.0f) || !bnb8_isfinite(x)) return 0;
     if (is_signed) {
         float z = x / scale, y = (2.0f * z) / (1.0f + fabsf(z)), q = floorf(y * 127.0f + 0.5f);
         if (!(q == q)) return 0;
         return (uint8_t)(int)fminf(fmaxf(q, -127.0f), 127.0f);   // two's complement byte
     }
-    float z = bnb8_compand_magnitude(x, 0) / scale, q = floorf(z * 255.0f + 0.5f);
+    float z = m / scale, q = floorf(z * 255.0f + 0.5f);
     if (!(q == q)) return 0;
     return (uint8_t)(int)fminf(fmaxf(q, 0.0f), 255.0f);
+}
+BNB8_HD uint8_t bnb8_compand_value(float x, float scale, int is_signed) {
+    return bnb8_compand_code(x, bnb8_compand_magnitude(x, is_signed), scale, is_signed);
 }
 // The value of a code byte under scale s: signed y = q/127, z = y/(2 - |y|), x = z s; unsigned
 // x = (q/255 s)^2. Code 0 is exactly 0 whatever the scale.

@@ -476,6 +476,7 @@ struct bnb8_update_smem {
     float trust;                 // its LAMB / LARS trust ratio (1 when off)
     int shift;                   // log2 of its block size
     int vec;                     // its arrays allow vector accesses
+    int def;                     // flash in the default configuration (bnb8_flash_chunk's DEF)
 };
 
 // The tensor that holds chunk: the last one whose first_chunk <= chunk (binary search).
@@ -626,13 +627,16 @@ __device__ void bnb8_store_bits4(void *x, int64_t i, int64_t n, bool vec, const 
 // the update in float32, the new weights and corrections; then per flash state and group of 32
 // (8 lanes: a lane holds 4 consecutive elements of a row) the new absmax, its stored scale and the
 // codes against it. A non-finite gradient's element keeps its weight bits, correction and states.
-template <int R, int KIND, bool FULL>
+// DEF: the default configuration (flash states, bf16 weights with int8 corrections, bf16 gradients
+// and scales), with its dtypes known at compile time: no run-time choice between conversions.
+template <int R, int KIND, bool FULL, bool DEF>
 __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base, unsigned &bad) {
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
     const bool vec = FULL || sm.vec;
-    const int nstates = t.args.nstates, cb = t.correction_bytes, flash = t.format == BNB8_STATE_FLASH;
-    const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype, sdt = (bnb8_dtype)t.scale_dtype;
+    const int nstates = t.args.nstates, cb = DEF ? 1 : t.correction_bytes, flash = DEF || t.format == BNB8_STATE_FLASH;
+    const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype, sdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.scale_dtype;
+    const int gdt = DEF ? BNB8_BF16 : t.grad_dtype;
     constexpr int S = bnb8_max_states(KIND);
     bnb8_step_args args = t.args;
     args.kind = KIND;
@@ -646,7 +650,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
         else bnb8_load_bits4(t.param, i, lim, vec, bits[r]);
         if (cb == 1) corr[r][0] = bnb8_load_codes4((const uint8_t *)t.correction, i, lim, vec);
         if (cb == 2) bnb8_load_bits4(t.correction, i, lim, vec, corr[r]);
-        bnb8_load4(t.grad, t.grad_dtype, i, lim, vec, g[r]);
+        bnb8_load4(t.grad, gdt, i, lim, vec, g[r]);
     }
     #pragma unroll
     for (int k = 0; k < S; k++) {
@@ -728,16 +732,19 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
         for (int r = 0; r < R; r++) {
             int64_t i = base + bnb8_offset<R>(r);
             if (!flash) { bnb8_store4(t.state[k], BNB8_F32, i, lim, vec, s[r][k]); continue; }
-            float amax = 0.0f;
+            float amax = 0.0f, m[4];
             #pragma unroll
-            for (int j = 0; j < 4; j++) if (FULL || i + j < n) amax = fmaxf(amax, bnb8_compand_magnitude(s[r][k][j], is_signed));
+            for (int j = 0; j < 4; j++) {
+                m[j] = bnb8_compand_magnitude(s[r][k][j], is_signed);
+                if (FULL || i + j < n) amax = fmaxf(amax, m[j]);
+            }
             #pragma unroll
             for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
             float sc = bnb8_scale_round_up(amax, sdt);
             if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
             uint32_t q = 0;
             #pragma unroll
-            for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_compand_value(s[r][k][j], sc, is_signed) << (8 * j);
+            for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_compand_code(s[r][k][j], m[j], sc, is_signed) << (8 * j);
             bnb8_store_codes4((uint8_t *)t.state[k], i, lim, vec, q);
         }
     }
@@ -784,6 +791,8 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
                     ? bnb8_trust_ratio(t->args.max_unorm, (float)norms[ti * BNB8_NORMS + 1], (float)norms[ti * BNB8_NORMS + 2]) : 1.0f;
                 sm.shift = t->eight_bit ? bnb8_log2(t->blocksize) : 0;
                 sm.vec = bnb8_tensor_vec(t);
+                sm.def = t->format == BNB8_STATE_FLASH && t->param_dtype == BNB8_BF16 && t->correction_bytes == 1 &&
+                         t->grad_dtype == BNB8_BF16 && t->scale_dtype == BNB8_BF16;
             }
             __syncthreads();
             next_tensor_chunk = ti + 1 < count ? tensors[ti + 1].first_chunk : total;
@@ -792,8 +801,9 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
         bool full = sm.vec && base + R * BNB8_ROW <= sm.t.n;
         if constexpr (FLASH) {
             if (sm.t.format == BNB8_STATE_FLASH || sm.t.correction_bytes) {
-                if (full) bnb8_flash_chunk<R, KIND, true>(sm, fs, base, bad);
-                else bnb8_flash_chunk<R, KIND, false>(sm, fs, base, bad);
+                if (full && sm.def) bnb8_flash_chunk<R, KIND, true, true>(sm, fs, base, bad);
+                else if (full) bnb8_flash_chunk<R, KIND, true, false>(sm, fs, base, bad);
+                else bnb8_flash_chunk<R, KIND, false, false>(sm, fs, base, bad);
                 continue;
             }
         }
