@@ -692,7 +692,9 @@ int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
 static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *base, const bnb8_tensor *t,
                                          float lr, float gnorm_scale) {
     const bnb8_config *c = &t->cfg;
-    double lr_t = c == base || base->lr == 0.0f ? lr : (double)lr * c->lr / base->lr;
+    // lr * c->lr / base->lr in double is exactly lr when the tensor has the base lr (the product
+    // of two floats is exact in double): a tensor without its own lr keeps the scheduled lr bit for bit.
+    double lr_t = base->lr == 0.0f ? lr : (double)lr * c->lr / base->lr;
     double step = (double)t->step, bc1 = 1.0 - pow(c->beta1, step), bc2 = 1.0 - pow(c->beta2, step);
     bnb8_step_args a = {0};
     a.kind = kind;

@@ -1117,7 +1117,6 @@ static void loader_next(DataLoader *d) {
 
 typedef struct {
     const char *name;
-    int available;
     bnb8_state_format format;
     const char *about;
 } Recipe;
@@ -1129,9 +1128,9 @@ typedef struct {
 // gradients are rounded to bf16 before the step. Tensors under min_8bit_size (biases, layernorms
 // of small models) and StableEmbedding's wte keep 32-bit states, and their correction.
 static const Recipe recipes[] = {
-    {"fp32", 1, BNB8_STATE_32BIT, "fp32 weights and gradients, 32-bit optimizer states"},
-    {"8bit", 1, BNB8_STATE_8BIT, "fp32 weights and gradients, 8-bit block-wise states (block 256)"},
-    {"flash", 1, BNB8_STATE_FLASH, "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
+    {"fp32", BNB8_STATE_32BIT, "fp32 weights and gradients, 32-bit optimizer states"},
+    {"8bit", BNB8_STATE_8BIT, "fp32 weights and gradients, 8-bit block-wise states (block 256)"},
+    {"flash", BNB8_STATE_FLASH, "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
 };
 
 // flash: the fp32 working weights are the bf16 weights widened (exact); the fp32 gradients of the
@@ -1540,11 +1539,6 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     res->tokens_per_second = 0.0;
 
     if (ri < 0) { train_fail("unknown recipe '%s' (fp32, 8bit, flash)", a->recipe); goto done; }
-    if (!recipes[ri].available) {
-        train_fail("recipe '%s' (%s) needs the library's FlashOptim optimizers (issue P4), which are not built yet; "
-                   "use -r fp32 or -r 8bit", recipes[ri].name, recipes[ri].about);
-        goto done;
-    }
     if (oi < 0) { train_fail("unknown optimizer '%s' (adamw, lion, sgd)", a->optimizer); goto done; }
     if (a->B < 1 || a->T < 1 || a->steps < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
