@@ -199,9 +199,15 @@ int bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
 // ------------------------------------------------------------------------------------------------
 // Block-wise quantization
 
+// An element count of an array function: 0..BNB8_MAX_ELEMENTS.
+static int bnb8_check_count(const char *fn, int64_t n) {
+    if (n < 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld not in 0..2^52", fn, (long long)n);
+    return BNB8_OK;
+}
+
 static int bnb8_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
                                 const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
-    if (n < 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld not in 0..2^52", fn, (long long)n);
+    if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b || !c || !d)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     int status = bnb8_check_blocksize(fn, blocksize);
     return status ? status : bnb8_check_dtype(fn, dtype);
@@ -289,7 +295,7 @@ int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int6
 
 static int bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t n, bnb8_dtype narrow,
                           const void *corr, int corr_bytes) {
-    if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
+    if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     if (narrow != BNB8_BF16 && narrow != BNB8_F16)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: narrow dtype %d is not bf16 or f16", fn, (int)narrow);
@@ -317,9 +323,23 @@ int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *cor
 }
 
 static int bnb8_check_compand(const char *fn, const void *a, const void *b, const void *c, int64_t n, bnb8_dtype dt) {
-    if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
+    if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b || !c)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     return bnb8_check_dtype(fn, dt);
+}
+
+// Group g of count (<= 32) values x: its scale, the group absmax of the values' magnitudes rounded
+// up, into scales[g], and their codes (SPEC §6.2). The array function and the CPU flash step.
+static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb8_dtype scale_dtype, void *scales,
+                               int64_t g, uint8_t *codes) {
+    float m[BNB8_FLASH_GROUP], amax = 0.0f;
+    for (int64_t i = 0; i < count; i++) {
+        m[i] = bnb8_compand_magnitude(x[i], is_signed);
+        amax = fmaxf(amax, m[i]);
+    }
+    float scale = bnb8_scale_round_up(amax, scale_dtype);
+    bnb8_store(scales, scale_dtype, g, scale);
+    for (int64_t i = 0; i < count; i++) codes[i] = bnb8_compand_code(x[i], m[i], scale, is_signed);
 }
 
 int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales) {
@@ -330,11 +350,7 @@ int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtyp
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < ngroups; g++) {
         int64_t start = g * BNB8_FLASH_GROUP, end = start + BNB8_FLASH_GROUP < n ? start + BNB8_FLASH_GROUP : n;
-        float amax = 0.0f;
-        for (int64_t i = start; i < end; i++) amax = fmaxf(amax, bnb8_compand_magnitude(x[i], is_signed));
-        float scale = bnb8_scale_round_up(amax, scale_dtype);
-        bnb8_store(scales, scale_dtype, g, scale);
-        for (int64_t i = start; i < end; i++) codes[i] = bnb8_compand_value(x[i], scale, is_signed);
+        bnb8_compand_group(x + start, end - start, is_signed, scale_dtype, scales, g, codes + start);
     }
     return BNB8_OK;
 }
@@ -770,7 +786,7 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
         int64_t last = (c + 1) * per_chunk < ngroups ? (c + 1) * per_chunk : ngroups;
         for (int64_t grp = c * per_chunk; grp < last; grp++) {
             int64_t start = grp * G, end = start + G < t->n ? start + G : t->n;
-            float fresh[3][BNB8_FLASH_GROUP], amax[3] = {0.0f, 0.0f, 0.0f}, old[3];
+            float fresh[3][BNB8_FLASH_GROUP], old[3];
             for (int k = 0; k < t->nstates; k++) old[k] = bnb8_load(t->scale[k], t->scale_dtype, grp);
             for (int64_t i = start; i < end; i++) {
                 float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
@@ -784,17 +800,11 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
                 } else {
                     bad++;           // the element keeps its weight, correction and states
                 }
-                for (int k = 0; k < t->nstates; k++) {
-                    fresh[k][i - start] = s[k];
-                    amax[k] = fmaxf(amax[k], bnb8_compand_magnitude(s[k], is_signed[k]));
-                }
+                for (int k = 0; k < t->nstates; k++) fresh[k][i - start] = s[k];
             }
-            for (int k = 0; k < t->nstates; k++) {
-                float scale = bnb8_scale_round_up(amax[k], t->scale_dtype);
-                bnb8_store(t->scale[k], t->scale_dtype, grp, scale);
-                uint8_t *codes = (uint8_t *)t->state[k];
-                for (int64_t i = start; i < end; i++) codes[i] = bnb8_compand_value(fresh[k][i - start], scale, is_signed[k]);
-            }
+            for (int k = 0; k < t->nstates; k++)
+                bnb8_compand_group(fresh[k], end - start, is_signed[k], t->scale_dtype, t->scale[k], grp,
+                                   (uint8_t *)t->state[k] + start);
         }
     }
     opt->nonfinite += bad;

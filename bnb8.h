@@ -380,18 +380,17 @@ BNB8_HD int bnb8_nearest_code_near(const bnb8_codebook *cb, float q, int *exact)
 
 // Code of a state value s in a block of absmax a (a > 0). For signed maps (zero code z > 0) a
 // negative value never collapses to zero: it takes the code below z, so its sign survives.
+BNB8_HD int bnb8_keep_sign(int q, int zero_code, float s) {
+    return q == zero_code && zero_code > 0 && s < 0.0f ? zero_code - 1 : q;
+}
 BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s, float a) {
-    int q = bnb8_nearest_code_fast(cb, s / a);
-    if (q == zero_code && zero_code > 0 && s < 0.0f) q = zero_code - 1;
-    return q;
+    return bnb8_keep_sign(bnb8_nearest_code_fast(cb, s / a), zero_code, s);
 }
 
 // The same code from r = bnb8_reciprocal(a), without dividing; where *exact is set, the caller
 // must take bnb8_quantize_value's (a fast pass over a block, then the few exact ones).
 BNB8_HD int bnb8_quantize_value_near(const bnb8_codebook *cb, int zero_code, float s, float r, int *exact) {
-    int q = bnb8_nearest_code_near(cb, s * r, exact);
-    if (q == zero_code && zero_code > 0 && s < 0.0f) q = zero_code - 1;
-    return q;
+    return bnb8_keep_sign(bnb8_nearest_code_near(cb, s * r, exact), zero_code, s);
 }
 // 1 / a for a block's absmax a, or NaN when 1 / a would not be a normal float (NaN falls in the
 // table's NaN bucket, so every value of the block is marked exact).
@@ -530,7 +529,8 @@ BNB8_HD float bnb8_pow2(int e) {
 }
 
 // The correction of x whose narrow value is bits (= RNE(x)): round half away from zero of
-// clamp((x - n) 2^-L, -1, 1) QMAX; 0 when n is not finite. x - n is exact, ldexpf is exact.
+// clamp((x - n) 2^-L, -1, 1) QMAX; 0 when n is not finite. x - n is exact, and so is the scaling
+// by a power of two.
 BNB8_HD int32_t bnb8_ecc_code(float x, uint16_t bits, bnb8_dtype narrow, int32_t qmax) {
     float n = bnb8_narrow_to_f32(bits, narrow);
     if (!bnb8_isfinite(n)) return 0;

@@ -993,6 +993,10 @@ static void test_flash_misuse(void) {
     MISUSE(bnb8_compand(x, 64, 1, BNB8_BF16, NULL, sc), "compand: codes NULL");
     MISUSE(bnb8_compand(x, -3, 1, BNB8_BF16, codes, sc), "compand: n -3");
     MISUSE(bnb8_expand(codes, NULL, 64, 1, BNB8_BF16, y), "expand: scales NULL");
+    MISUSE(bnb8_ecc_encode(x, BNB8_MAX_ELEMENTS + 1, nar, BNB8_BF16, corr, 1), "ecc_encode: n 2^52 + 1");
+    MISUSE(bnb8_ecc_decode(nar, BNB8_BF16, corr, 1, INT64_MAX, y), "ecc_decode: n INT64_MAX");
+    MISUSE(bnb8_compand(x, BNB8_MAX_ELEMENTS + 1, 1, BNB8_BF16, codes, sc), "compand: n 2^52 + 1");
+    MISUSE(bnb8_expand(codes, sc, INT64_MAX, 1, BNB8_BF16, y), "expand: n INT64_MAX");
     EXPECT(bnb8_ecc_encode(NULL, 0, NULL, BNB8_BF16, NULL, 0) == 0 && bnb8_compand(NULL, 0, 0, BNB8_F32, NULL, NULL) == 0,
            "n = 0 with NULL arrays is a no-op");
     EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, &c) == 0, "create: %s", bnb8_last_error());
