@@ -215,14 +215,24 @@ static int partial_files(const char *dir) {
 // ------------------------------------------------------------------------------------------------
 // 1. SIGKILL at random points while the trainer checkpoints every step
 
+// The scratch of a fault test called name: name_ref (the uninterrupted run), name_run (the run
+// under test), both emptied, and name_child.err (the children's messages).
+static void fault_paths(const char *name, char ref[256], char dir[256], char err[256]) {
+    char leaf[64];
+    snprintf(leaf, sizeof leaf, "%s_ref", name);
+    fpath(ref, 256, leaf);
+    snprintf(leaf, sizeof leaf, "%s_run", name);
+    fpath(dir, 256, leaf);
+    snprintf(leaf, sizeof leaf, "%s_child.err", name);
+    fpath(err, 256, leaf);
+    test_remove_tree(ref, 1);
+    test_remove_tree(dir, 1);
+}
+
 static void kill_run(const char *recipe, int kills_wanted) {
     const int64_t N = 30;
     char ref[256], dir[256], err[256];
-    fpath(ref, sizeof ref, "kill_ref");
-    fpath(dir, sizeof dir, "kill_run");
-    fpath(err, sizeof err, "kill_child.err");
-    test_remove_tree(ref, 1);
-    test_remove_tree(dir, 1);
+    fault_paths("kill", ref, dir, err);
     // The uninterrupted run: every step's checkpoint, and how long a step takes.
     child_spec c = {ref, recipe, N, 0, 0, err};
     double t0 = now_seconds();
@@ -349,11 +359,7 @@ static char *dir_snapshot(const char *dir) {
 static void test_full_disk(void) {
     const int64_t K = 3, N = 6;
     char ref[256], dir[256], err[256];
-    fpath(ref, sizeof ref, "disk_ref");
-    fpath(dir, sizeof dir, "disk_run");
-    fpath(err, sizeof err, "disk_child.err");
-    test_remove_tree(ref, 1);
-    test_remove_tree(dir, 1);
+    fault_paths("disk", ref, dir, err);
     // fp32 states: the optimizer file (8 bytes per parameter) is larger than the model (4), so a
     // file-size limit between the two lets the model through and stops the optimizer file.
     child_spec c = {ref, "fp32", N, 0, 0, err};
