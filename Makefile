@@ -48,7 +48,7 @@ TEST_SRCS := $(wildcard test/test_*.c)
 HEADERS   := bnb8.h test/test.h
 
 .PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu clean
-all: info $(BUILD)/libbnb8.a
+all: info $(BUILD)/libbnb8.a $(if $(NVCC),$(BUILD)/train_gpt2_8bit_cuda)
 
 info:
 	@echo "bnb8: compiler   $(CC) ($(shell $(CC) -dumpversion 2>/dev/null))"
@@ -135,8 +135,17 @@ TRAIN_ARGS ?=
 $(BUILD)/train_gpt2_8bit: train_gpt2_8bit.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
 	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
-train: info $(BUILD)/train_gpt2_8bit
-	./$(BUILD)/train_gpt2_8bit $(TRAIN_ARGS)
+# The trainer with the GPU model (-DTRAIN_CUDA, gpt2_cuda.cu, cuBLASLt): `make` builds it when nvcc is
+# there (so CI compiles it); it trains on the GPU when one is there, else on the CPU. `make train GPU=1`
+# runs it (the default once its device checks are done: issue P6).
+GPU ?=
+TRAIN_BIN := $(if $(and $(NVCC),$(GPU)),$(BUILD)/train_gpt2_8bit_cuda,$(BUILD)/train_gpt2_8bit)
+TRAIN_CUDA_LIBS := $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a $(CUDA_LIBS) -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lstdc++
+$(BUILD)/train_gpt2_8bit_cuda: train_gpt2_8bit.c $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a gpt2_cuda.h bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) -DTRAIN_CUDA $< -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
+
+train: info $(TRAIN_BIN)
+	./$(TRAIN_BIN) $(TRAIN_ARGS)
 
 # CPU benchmark: quantization and AdamW steps, 1 thread and all threads.
 $(BUILD)/bench_cpu: dev/bench/bench_cpu.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
@@ -163,6 +172,9 @@ $(BUILD)/gpt2_cpu_ref.o: test/gpt2_cpu_ref.c test/gpt2_cpu_ref.h train_gpt2_8bit
 $(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/gpt2_cuda.o $(BUILD)/gpt2_cpu_ref.o $(BUILD)/libbnb8.a gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/gpt2_cuda.o $(BUILD)/gpt2_cpu_ref.o $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
 
+$(BUILD)/test_train_gpu: test/test_train_gpu.c train_gpt2_8bit.c $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a gpt2_cuda.h bnb8.h test/test.h | $(BUILD)
+	$(CC) $(CFLAGS) -DTRAIN_CUDA $< -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
+
 ifneq ($(NVCC),)
 test-gpu: info $(BUILD)/test_gpu
 	./$(BUILD)/test_gpu
@@ -173,10 +185,12 @@ test-gpu-sanitize: info $(BUILD)/test_gpu
 	BNB8_TEST_QUICK=1 compute-sanitizer --tool racecheck --error-exitcode 1 ./$(BUILD)/test_gpu
 	BNB8_TEST_QUICK=1 compute-sanitizer --tool synccheck --error-exitcode 1 ./$(BUILD)/test_gpu
 
-# The GPU GPT-2 model against the CPU one, bf16 against fp32, d12 throughput;
-# GPT2_TEST_QUICK=1 ./build/test_gpt2_cuda: the small configurations only (compute-sanitizer).
-test-gpt2-gpu: info $(BUILD)/test_gpt2_cuda
+# The GPU GPT-2 model against the CPU one, bf16 against fp32, d12 throughput (GPT2_TEST_QUICK=1
+# ./build/test_gpt2_cuda: the small configurations only, for compute-sanitizer); then the trainer on
+# the GPU against the trainer on the CPU (test/test_train_gpu.c).
+test-gpt2-gpu: info $(BUILD)/test_gpt2_cuda $(BUILD)/test_train_gpu
 	./$(BUILD)/test_gpt2_cuda
+	./$(BUILD)/test_train_gpu
 
 # bnb8's kernels, then the peers in the same call when PyTorch is there (bitsandbytes and
 # flashoptim from .whl/site when carried: dev/bench/peers/README.md).

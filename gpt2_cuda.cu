@@ -1198,6 +1198,50 @@ extern "C" int gpt2_cuda_grads_point(const GPT2Cuda *m, GPT2CudaGrads *g, void *
     for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) { g->tensor[i] = m->param_sizes[i] ? p : NULL; p += es * (size_t)m->param_sizes[i]; }
     g->dtype = dtype;
     g->reuse_layer_slice = 0;
+    g->memory = NULL;
+    return 0;
+}
+
+extern "C" int gpt2_cuda_grads_alloc(const GPT2Cuda *m, GPT2CudaGrads *g, int dtype, int reuse_layer_slice, size_t *bytes) {
+    if (!m || !g) return fail("gpt2_cuda_grads_alloc: NULL argument");
+    memset(g, 0, sizeof *g);
+    if (dtype != GPT2_CUDA_FP32 && dtype != GPT2_CUDA_BF16) return fail("gpt2_cuda_grads_alloc: dtype %d", dtype);
+    if (dtype == GPT2_CUDA_BF16 && m->precision != GPT2_CUDA_BF16) return fail("gpt2_cuda_grads_alloc: bf16 gradients need a bf16 model");
+    size_t es = dtype == GPT2_CUDA_BF16 ? 2 : 4, total = 0;
+    int64_t n[GPT2_CUDA_NUM_PARAMS];
+    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) {
+        int layer = i >= GPT2_CUDA_FIRST_LAYER_PARAM && i <= GPT2_CUDA_LAST_LAYER_PARAM;
+        n[i] = reuse_layer_slice && layer ? m->param_sizes[i] / m->c.num_layers : m->param_sizes[i];
+        total += (size_t)cdiv(es * (size_t)n[i], 256) * 256;    // every tensor 256-byte aligned
+    }
+    CU(cudaMalloc(&g->memory, total));
+    CU(cudaMemset(g->memory, 0, total));
+    char *p = (char *)g->memory;
+    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) { g->tensor[i] = n[i] ? p : NULL; p += cdiv(es * (size_t)n[i], 256) * 256; }
+    g->dtype = dtype;
+    g->reuse_layer_slice = reuse_layer_slice;
+    if (bytes) *bytes = total;
+    return 0;
+}
+
+extern "C" void gpt2_cuda_grads_free(GPT2CudaGrads *g) {
+    if (g && g->memory) cudaFree(g->memory);
+    if (g) memset(g, 0, sizeof *g);
+}
+
+extern "C" int gpt2_cuda_device(char *name, size_t name_size, size_t *free_bytes, size_t *total_bytes) {
+    int count = 0, dev = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count < 1)
+        return fail("no GPU: %s", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount found none");
+    cudaDeviceProp prop;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&prop, dev));
+    size_t f = 0, t = 0;
+    CU(cudaMemGetInfo(&f, &t));
+    if (name && name_size) snprintf(name, name_size, "%s", prop.name);
+    if (free_bytes) *free_bytes = f;
+    if (total_bytes) *total_bytes = t;
     return 0;
 }
 

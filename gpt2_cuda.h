@@ -58,6 +58,10 @@ typedef struct GPT2Cuda GPT2Cuda;
 // The message of the last failure on this thread (the call, the file:line, CUDA's or cuBLAS's word).
 const char *gpt2_cuda_last_error(void);
 
+// The current GPU's name and memory (cudaMemGetInfo: free and total bytes; either may be NULL);
+// -1 with the reason when there is no usable GPU.
+int gpt2_cuda_device(char *name, size_t name_size, size_t *free_bytes, size_t *total_bytes);
+
 // Creates a model of config c and precision on the current device, its activations sized for
 // batches up to (B, T) (T <= maxT). Parameters start at 0: load them with gpt2_cuda_set_params.
 int gpt2_cuda_create(GPT2Cuda **out, const GPT2CudaConfig *c, int precision, int B, int T);
@@ -96,9 +100,14 @@ typedef struct {
     void *tensor[GPT2_CUDA_NUM_PARAMS];
     int dtype;
     int reuse_layer_slice;
+    void *memory;             // the allocation of gpt2_cuda_grads_alloc (NULL: the caller's memory)
 } GPT2CudaGrads;
 // Points g at one full buffer of num_parameters elements of dtype, in the parameter layout.
 int gpt2_cuda_grads_point(const GPT2Cuda *m, GPT2CudaGrads *g, void *memory, int dtype);
+// Allocates g's buffer on the device (zeroed): every tensor in full, or with reuse_layer_slice = 1
+// the release layout (tensors 2..13 one layer's slice, the others in full). *bytes: its size.
+int gpt2_cuda_grads_alloc(const GPT2Cuda *m, GPT2CudaGrads *g, int dtype, int reuse_layer_slice, size_t *bytes);
+void gpt2_cuda_grads_free(GPT2CudaGrads *g);
 
 // Called during backward, in stream order, each time a group of gradients is final: which =
 // GPT2_CUDA_GRADS_LNF (lnfw, lnfb), then layer L-1 .. 0 (that layer's slices of tensors 2..13), then

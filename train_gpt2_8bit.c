@@ -1,6 +1,8 @@
 /*
-train_gpt2_8bit.c — trains GPT-2 on the CPU with bnb8's optimizers: fp32 states (the 16-byte
-baseline) or 8-bit block-wise states (Dettmers et al.), AdamW, Lion or SGD with momentum.
+train_gpt2_8bit.c — trains GPT-2 with bnb8's optimizers: fp32 states (the 16-byte baseline), 8-bit
+block-wise states (Dettmers et al.) or FlashOptim's flash recipe; AdamW, Lion or SGD with momentum;
+on the CPU, or on the GPU with gpt2_cuda.cu's model when built with -DTRAIN_CUDA (with gradient
+release for flash there).
 
 One flat file in the spirit of llm.c's train_gpt2.c, written from the math:
   - the model: one parameter allocation holding named tensors, one activation allocation,
@@ -17,8 +19,9 @@ are never split across threads), so a step gives the same bits whatever the numb
 With the optimizer state, the data position and the RNG saved in a checkpoint, a resumed run is
 bit-identical to one that never stopped (test/test_train.c checks it).
 
-Build and run: `make train`, or `make build/train_gpt2_8bit && ./build/train_gpt2_8bit -h`.
-Compiled with -DTRAIN_NO_MAIN, this file is a library for the tests (test/test_train.c).
+Build and run: `make train`, or `make build/train_gpt2_8bit && ./build/train_gpt2_8bit -h`; the GPU
+build is build/train_gpt2_8bit_cuda (`make train GPU=1`). Compiled with -DTRAIN_NO_MAIN, this file is
+a library for the tests (test/test_train.c, test/test_train_gpu.c).
 */
 #define _POSIX_C_SOURCE 200809L   // fseeko, fsync, mkdir, opendir, clock_gettime
 #include <stdio.h>
@@ -37,6 +40,7 @@ Compiled with -DTRAIN_NO_MAIN, this file is a library for the tests (test/test_t
 #include <omp.h>
 #endif
 #include "bnb8.h"
+#include "gpt2_cuda.h"   // the GPU model (TRAIN_CUDA builds; plain C declarations)
 
 // ------------------------------------------------------------------------------------------------
 // Errors. Every function that can fail returns 0 or -1 and leaves a message (naming the file or the
@@ -662,48 +666,58 @@ static void gpt2_free(GPT2 *m) {
     memset(m, 0, sizeof *m);
 }
 
-// Parameters and gradients for m->config, zeroed.
+// Parameters for m->config, zeroed. (The CPU's gradients come with its activations, gpt2_alloc_acts:
+// a run on the GPU keeps only this host copy of the weights, for initialization and checkpoints.)
 static int gpt2_alloc_params(GPT2 *m) {
     param_sizes_of(&m->config, m->param_sizes);
     m->num_parameters = 0;
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) m->num_parameters += m->param_sizes[i];
     m->params_memory = (float *)calloc((size_t)m->num_parameters, sizeof(float));
-    m->grads_memory = (float *)calloc((size_t)m->num_parameters, sizeof(float));
-    if (!m->params_memory || !m->grads_memory)
-        return train_fail("out of memory for %lld parameters and their gradients", (long long)m->num_parameters);
+    if (!m->params_memory) return train_fail("out of memory for %lld parameters", (long long)m->num_parameters);
     point_params(&m->params, m->params_memory, m->param_sizes);
-    point_params(&m->grads, m->grads_memory, m->param_sizes);
     return 0;
 }
 
 // GPT-2's initialization: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), layernorms 1 and 0,
-// biases 0, wte's padding rows 0. StableEmbedding: wte Xavier-uniform over its V real rows.
+// biases 0, wte's padding rows 0. StableEmbedding: wte Xavier-uniform over its V real rows. Each run
+// of INIT_CHUNK elements of a tensor draws from its own stream (seed, tensor, chunk), so the chunks
+// fill in parallel with the same bits on any number of threads (7e9 weights in seconds).
+#define INIT_CHUNK 65536
 static int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed) {
     memset(m, 0, sizeof *m);
     m->config = *c;
     if (config_check(c, "model") || gpt2_alloc_params(m)) return -1;
-    Rng rng = {seed ^ 0x5eed0f6a7b2c1d3eull};
     int64_t C = c->channels, V = c->vocab_size;
-    float resid_std = 0.02f / sqrtf(2.0f * (float)c->num_layers);
+    float resid_std = 0.02f / sqrtf(2.0f * (float)c->num_layers), xavier = sqrtf(6.0f / (float)(V + C));
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         float *p = *param_slot(&m->params, i);
-        int64_t n = m->param_sizes[i];
-        if (i == 0) n = V * C;                      // padding rows stay 0
-        if (i == 0 && c->stable_embedding) {
-            float a = sqrtf(6.0f / (float)(V + C));
-            for (int64_t j = 0; j < n; j++) p[j] = (2.0f * rng_uniform(&rng) - 1.0f) * a;
-        } else if (param_is_matrix[i]) {
-            float std = (i == 6 || i == 12) ? resid_std : 0.02f;
-            for (int64_t j = 0; j < n; j++) p[j] = std * rng_normal(&rng);
-        } else if (i == 2 || i == 8 || i == 14 || i == 16) {
-            for (int64_t j = 0; j < n; j++) p[j] = 1.0f;   // layernorm weights
+        int64_t n = i == 0 ? V * C : m->param_sizes[i];   // wte's padding rows stay 0
+        if (i == 2 || i == 8 || i == 14 || i == 16) {     // layernorm weights
+            for (int64_t j = 0; j < n; j++) p[j] = 1.0f;
+            continue;
+        }
+        if (!param_is_matrix[i]) continue;                 // biases: 0
+        int uniform = i == 0 && c->stable_embedding;
+        float std = (i == 6 || i == 12) ? resid_std : 0.02f;
+        int64_t chunks = (n + INIT_CHUNK - 1) / INIT_CHUNK;
+        #pragma omp parallel for schedule(static)
+        for (int64_t k = 0; k < chunks; k++) {
+            Rng id = {seed ^ 0x5eed0f6a7b2c1d3eull ^ ((uint64_t)i << 48) ^ (uint64_t)k}, rng = {rng_u64(&id)};
+            int64_t end = (k + 1) * INIT_CHUNK < n ? (k + 1) * INIT_CHUNK : n;
+            for (int64_t j = k * INIT_CHUNK; j < end; j++)
+                p[j] = uniform ? (2.0f * rng_uniform(&rng) - 1.0f) * xavier : std * rng_normal(&rng);
         }
     }
     return 0;
 }
 
-// Activations for batches up to (B, T).
+// The CPU's gradients (once) and activations for batches up to (B, T).
 static int gpt2_alloc_acts(GPT2 *m, int64_t B, int64_t T) {
+    if (!m->grads_memory) {
+        m->grads_memory = (float *)calloc((size_t)m->num_parameters, sizeof(float));
+        if (!m->grads_memory) return train_fail("out of memory for the gradients of %lld parameters", (long long)m->num_parameters);
+        point_params(&m->grads, m->grads_memory, m->param_sizes);
+    }
     free(m->acts_memory); free(m->inputs); free(m->targets);
     m->acts_memory = NULL; m->inputs = m->targets = NULL;
     act_sizes_of(&m->config, B, T, m->act_sizes);
@@ -1133,8 +1147,8 @@ static const Recipe recipes[] = {
     {"flash", BNB8_STATE_FLASH, "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
 };
 
-// flash: the fp32 working weights are the bf16 weights widened (exact); the fp32 gradients of the
-// backward pass become the bf16 gradients the optimizer reads (round to nearest even).
+// flash on the CPU: the fp32 working weights are the bf16 weights widened (exact); the fp32
+// gradients of the backward pass become the bf16 gradients the optimizer reads (nearest even).
 static void flash_weights_to_fp32(GPT2 *m) {
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m->num_parameters; i++) m->params_memory[i] = bnb8_bf16_to_f32(m->params_bf16[i]);
@@ -1143,12 +1157,34 @@ static void flash_grads_to_bf16(GPT2 *m) {
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m->num_parameters; i++) m->grads_bf16[i] = bnb8_f32_to_bf16(m->grads_memory[i]);
 }
-// flash: the fp32 masters (bf16 weight + correction, decoded) of every tensor into out.
-static int flash_export_masters(const GPT2 *m, const bnb8_optimizer *opt, float *out) {
-    for (int i = 0, id = 0; i < NUM_PARAM_TENSORS; i++) {
+
+// The optimizer's tensors, registered in parameter order. With gradient release (GPU, flash) each
+// per-layer tensor (2..13) is registered as L slices, "qkvw.0" .. "qkvw.L-1", one per layer, so
+// that a layer's slices can be stepped as soon as backward has its gradients.
+static int64_t tensor_slices(const GPT2 *m, int release, int i) {
+    return release && i >= 2 && i <= 13 ? m->config.num_layers : 1;
+}
+// The optimizer id of slice l of tensor i.
+static int optimizer_id(const GPT2 *m, int release, int i, int64_t l) {
+    int64_t id = l;
+    for (int k = 0; k < i; k++) if (m->param_sizes[k]) id += tensor_slices(m, release, k);
+    return (int)id;
+}
+// Offset of tensor i in the parameter layout.
+static int64_t param_offset(const GPT2 *m, int i) {
+    int64_t off = 0;
+    for (int k = 0; k < i; k++) off += m->param_sizes[k];
+    return off;
+}
+
+// flash: the fp32 masters (bf16 weight + correction, decoded) of every tensor into out (host).
+static int flash_export_masters(const GPT2 *m, const bnb8_optimizer *opt, int release, float *out) {
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!m->param_sizes[i]) continue;
-        if (bnb8_optimizer_export_fp32(opt, id++, out + (*param_slot((ParameterTensors *)&m->params, i) - m->params_memory)))
-            return train_fail("export of '%s': %s", param_names[i], bnb8_last_error());
+        int64_t slices = tensor_slices(m, release, i), n = m->param_sizes[i] / slices;
+        for (int64_t l = 0; l < slices; l++)
+            if (bnb8_optimizer_export_fp32(opt, optimizer_id(m, release, i, l), out + param_offset(m, i) + l * n))
+                return train_fail("export of '%s': %s", param_names[i], bnb8_last_error());
     }
     return 0;
 }
@@ -1175,23 +1211,48 @@ static int find_optimizer(const char *name) {
     return -1;
 }
 
-// Registers every parameter tensor. Biases and layernorm parameters get weight decay 0 (per-name
-// overrides); with StableEmbedding wte keeps 32-bit states, as bitsandbytes' StableEmbedding asks.
-// state_bytes[i] receives each tensor's state memory, measured by the library's accounting.
-static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Recipe *r, const OptimizerChoice *oc, float lr,
-                           float weight_decay, double state_bytes[NUM_PARAM_TENSORS]) {
-    bnb8_config cfg = bnb8_config_default(oc->kind);
-    cfg.lr = lr;
-    cfg.weight_decay = weight_decay;
-    cfg.format = r->format;
-    if (oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
-    int flash = r->format == BNB8_STATE_FLASH;
+// Where the optimizer finds tensor i: its weights and gradients, in host or device memory, of one
+// dtype. On the CPU the model's fp32 arrays, or for flash its bf16 ones; on the GPU gpt2_cuda's.
+// Under gradient release the per-layer gradients are one layer's slice, shared by every layer.
+typedef struct {
+    void *param[NUM_PARAM_TENSORS], *grad[NUM_PARAM_TENSORS];
+    bnb8_dtype dtype;
+    int release;
+} Placement;
+
+static int cpu_placement(GPT2 *m, int flash, Placement *pl) {
     if (flash && !m->params_bf16) {
         m->params_bf16 = (uint16_t *)malloc(sizeof(uint16_t) * (size_t)m->num_parameters);
         m->grads_bf16 = (uint16_t *)calloc((size_t)m->num_parameters, sizeof(uint16_t));
         if (!m->params_bf16 || !m->grads_bf16)
             return train_fail("out of memory for the bf16 weights and gradients of %lld parameters", (long long)m->num_parameters);
     }
+    memset(pl, 0, sizeof *pl);
+    pl->dtype = flash ? BNB8_BF16 : BNB8_F32;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        if (!m->param_sizes[i]) continue;
+        int64_t off = param_offset(m, i);
+        pl->param[i] = flash ? (void *)(m->params_bf16 + off) : (void *)(m->params_memory + off);
+        pl->grad[i] = flash ? (void *)(m->grads_bf16 + off) : m->grads_memory ? (void *)(m->grads_memory + off) : NULL;
+    }
+    return 0;
+}
+
+// Registers every parameter tensor where pl says. Biases and layernorm parameters get weight decay 0
+// (per-name overrides); with StableEmbedding wte keeps 32-bit states, as bitsandbytes' StableEmbedding
+// asks; a release slice takes its whole tensor's state format. flash: the weights become bf16 +
+// correction of the fp32 weights in m->params_memory. state_bytes[i] receives each tensor's state
+// memory, measured by the library's accounting.
+static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Placement *pl, const Recipe *r,
+                           const OptimizerChoice *oc, float lr, float weight_decay,
+                           double state_bytes[NUM_PARAM_TENSORS]) {
+    bnb8_config cfg = bnb8_config_default(oc->kind);
+    cfg.lr = lr;
+    cfg.weight_decay = weight_decay;
+    cfg.format = r->format;
+    if (oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
+    int flash = r->format == BNB8_STATE_FLASH;
+    size_t es = bnb8_dtype_size(pl->dtype);
     bnb8_optimizer *opt = NULL;
     if (bnb8_optimizer_create(&opt, oc->kind, &cfg))
         return train_fail("optimizer: %s", bnb8_last_error());
@@ -1199,34 +1260,35 @@ static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Recipe *r, const
         state_bytes[i] = 0.0;
         if (m->param_sizes[i] == 0) continue;
         int stable_wte = i == 0 && m->config.stable_embedding;
-        if (!param_is_matrix[i] || stable_wte) {
-            bnb8_config o = cfg;
-            if (!param_is_matrix[i]) o.weight_decay = 0.0f;
-            if (stable_wte && flash) o.min_8bit_size = INT64_MAX;   // 32-bit states, bf16 + correction weights
-            else if (stable_wte) o.format = BNB8_STATE_32BIT;
-            if (bnb8_optimizer_override(opt, param_names[i], &o)) {
-                train_fail("optimizer: %s", bnb8_last_error());
-                bnb8_optimizer_free(opt);
-                return -1;
+        int64_t slices = tensor_slices(m, pl->release, i), n = m->param_sizes[i] / slices;
+        for (int64_t l = 0; l < slices; l++) {
+            char name[64];
+            if (slices > 1) snprintf(name, sizeof name, "%s.%lld", param_names[i], (long long)l);
+            else snprintf(name, sizeof name, "%s", param_names[i]);
+            if (!param_is_matrix[i] || stable_wte || slices > 1) {
+                bnb8_config o = cfg;
+                if (!param_is_matrix[i]) o.weight_decay = 0.0f;
+                if (stable_wte && flash) o.min_8bit_size = INT64_MAX;   // 32-bit states, bf16 + correction weights
+                else if (stable_wte) o.format = BNB8_STATE_32BIT;
+                if (slices > 1) o.min_8bit_size = m->param_sizes[i] >= cfg.min_8bit_size ? 0 : INT64_MAX;
+                if (bnb8_optimizer_override(opt, name, &o)) goto fail;
             }
+            double before = bnb8_optimizer_memory(opt, 0).states;
+            int id = -1;
+            char *param = (char *)pl->param[i] + es * (size_t)(l * n);
+            // a tensor's gradients; under release, the one slice every layer's gradients pass through
+            if (bnb8_optimizer_add(opt, name, param, pl->dtype, pl->grad[i], pl->dtype, n, &id)) goto fail;
+            // flash: bf16 + correction of the fp32 weights
+            if (flash && bnb8_optimizer_import_fp32(opt, id, m->params_memory + param_offset(m, i) + l * n)) goto fail;
+            state_bytes[i] += bnb8_optimizer_memory(opt, 0).states - before;
         }
-        double before = bnb8_optimizer_memory(opt, 0).states;
-        float *p = *param_slot(&m->params, i);
-        int64_t offset = p - m->params_memory;
-        int id = -1;
-        if (bnb8_optimizer_add(opt, param_names[i], flash ? (void *)(m->params_bf16 + offset) : (void *)p,
-                               flash ? BNB8_BF16 : BNB8_F32, flash ? (void *)(m->grads_bf16 + offset) : (void *)*param_slot(&m->grads, i),
-                               flash ? BNB8_BF16 : BNB8_F32, m->param_sizes[i], &id) ||
-            (flash && bnb8_optimizer_import_fp32(opt, id, p))) {   // flash: bf16 + correction of the fp32 weights
-            train_fail("optimizer: %s", bnb8_last_error());
-            bnb8_optimizer_free(opt);
-            return -1;
-        }
-        state_bytes[i] = bnb8_optimizer_memory(opt, 0).states - before;
     }
-    if (flash) flash_weights_to_fp32(m);
     *out = opt;
     return 0;
+fail:
+    train_fail("optimizer: %s", bnb8_last_error());
+    bnb8_optimizer_free(opt);
+    return -1;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1243,6 +1305,8 @@ typedef struct {
     float final_lr_frac;
     float grad_clip;          // global gradient norm clip (0 = off)
     const char *recipe, *optimizer;
+    int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
+    int release;              // gradient release (GPU, flash): step each layer inside backward
     int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
     int64_t eval_every, val_batches, sample_every, gen_tokens, ckpt_every;
     int64_t stop_after;       // stop after this step (the schedule still spans `steps`); 0 = no
@@ -1260,6 +1324,8 @@ typedef struct {
     double tokens_per_second;
     bnb8_memory memory;
     int64_t skipped_steps;    // steps whose gradient had a NaN or Inf: no update made
+    int on_gpu;               // the run trained on the GPU
+    double gpu_computed, gpu_measured;   // GPU: device bytes the report computes, and measures
 } TrainResult;
 
 // Tests only (NULL in the trainer): called after each backward pass, before the step, to inject
@@ -1303,12 +1369,13 @@ static float lr_schedule(const TrainArgs *a, float lr, int64_t s) {
 typedef struct {
     int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
     uint64_t rng, seed;
+    int64_t release;          // the optimizer's tensors are per-layer slices (word 12; 0 in older files)
 } TrainerState;
 
 static int state_writer(FILE *f, const void *ctx) {
     const TrainerState *s = (const TrainerState *)ctx;
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
-                              s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps};
+                              s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps, s->release};
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
@@ -1326,9 +1393,9 @@ static int state_load(TrainerState *s, const char *path) {
     if (!status && w[1] != STATE_VERSION) status = train_fail("%s: trainer state version %lld, expected %d", path, (long long)w[1], STATE_VERSION);
     if (status) return status;
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
-    s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11];
+    s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
     if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= NUM_RECIPES ||
-        s->optimizer < 0 || s->optimizer >= NUM_OPTIMIZERS)
+        s->optimizer < 0 || s->optimizer >= NUM_OPTIMIZERS || (s->release != 0 && s->release != 1))
         return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
                           (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
     return 0;
@@ -1386,32 +1453,208 @@ static int ensure_dir(const char *dir) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The GPU: gpt2_cuda.cu's model (the same tensors in the same layout), bnb8's optimizer on the
+// device, and gradient release. Linked in the TRAIN_CUDA build; in the CPU-only build the gpt2_cuda
+// functions are weak and NULL, so gpu_open says the GPU is not available and the run stays on the CPU.
+
+#ifndef TRAIN_CUDA
+#pragma weak gpt2_cuda_last_error
+#pragma weak gpt2_cuda_device
+#pragma weak gpt2_cuda_create
+#pragma weak gpt2_cuda_free
+#pragma weak gpt2_cuda_stream
+#pragma weak gpt2_cuda_param_tensor
+#pragma weak gpt2_cuda_set_params
+#pragma weak gpt2_cuda_get_params
+#pragma weak gpt2_cuda_forward
+#pragma weak gpt2_cuda_loss
+#pragma weak gpt2_cuda_get_logits
+#pragma weak gpt2_cuda_backward
+#pragma weak gpt2_cuda_grad_norm
+#pragma weak gpt2_cuda_grads_alloc
+#pragma weak gpt2_cuda_grads_free
+#pragma weak gpt2_cuda_param_bytes
+#pragma weak gpt2_cuda_act_bytes
+#pragma weak gpt2_cuda_num_act_tensors
+#pragma weak gpt2_cuda_act_name
+#pragma weak gpt2_cuda_act_tensor_bytes
+#define gpu_linked() (gpt2_cuda_device != NULL)
+#else
+#define gpu_linked() 1
+#endif
+
+typedef struct {
+    GPT2Cuda *model;             // NULL: the run is on the CPU
+    GPT2CudaGrads grads;         // device: every gradient, or under release the release layout
+    size_t grads_bytes;
+    int flash, release;
+    char name[128];              // the GPU's
+    size_t total_bytes;          // its memory
+    size_t used_before;          // in use before this run allocated anything (cudaMemGetInfo)
+    size_t used_peak;            // the most in use at the end of a step since
+    float *logits;               // (Vp) host: one row of logits, for sampling
+    // what the grads_ready callback needs under release
+    const GPT2 *host;
+    bnb8_optimizer *opt;
+    float lr;
+} Gpu;
+
+// Is there a GPU this build can train on?
+static int gpu_available(void) {
+    return gpu_linked() && gpt2_cuda_device(NULL, 0, NULL, NULL) == 0;
+}
+
+static void gpu_close(Gpu *g) {
+    if (g->model) { gpt2_cuda_grads_free(&g->grads); gpt2_cuda_free(g->model); }
+    free(g->logits);
+    memset(g, 0, sizeof *g);
+}
+
+// The model on the GPU from m's fp32 weights (host), bf16 for flash (bf16 gradients, so flash holds
+// 2 + 1 + 2 + 2.125 bytes per parameter), fp32 for the fp32 and 8bit recipes (fp32 gradients).
+static int gpu_open(Gpu *g, GPT2 *m, int flash, int release, int64_t B, int64_t T) {
+    memset(g, 0, sizeof *g);
+    size_t free_bytes = 0;
+    if (!gpu_linked()) return train_fail("this trainer was built without the GPU model (make on a machine with nvcc)");
+    if (gpt2_cuda_device(g->name, sizeof g->name, &free_bytes, &g->total_bytes))
+        return train_fail("GPU: %s", gpt2_cuda_last_error());
+    g->used_before = g->used_peak = g->total_bytes - free_bytes;
+    g->flash = flash;
+    g->release = release;
+    const GPT2Config *c = &m->config;
+    GPT2CudaConfig gc = {c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads,
+                         c->channels, c->stable_embedding};
+    int precision = flash ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32;
+    g->logits = (float *)malloc(sizeof(float) * (size_t)c->padded_vocab_size);
+    if (!g->logits) return train_fail("out of memory");
+    if (gpt2_cuda_create(&g->model, &gc, precision, (int)B, (int)T) || gpt2_cuda_set_params(g->model, m->params_memory) ||
+        gpt2_cuda_grads_alloc(g->model, &g->grads, precision, release, &g->grads_bytes)) {
+        train_fail("GPU model: %s", gpt2_cuda_last_error());
+        gpu_close(g);
+        return -1;
+    }
+    m->batch_size = B;
+    m->seq_len = T;
+    return 0;
+}
+
+static void gpu_placement(Gpu *g, const GPT2 *m, Placement *pl) {
+    memset(pl, 0, sizeof *pl);
+    pl->dtype = g->flash ? BNB8_BF16 : BNB8_F32;
+    pl->release = g->release;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++)
+        if (m->param_sizes[i]) { pl->param[i] = gpt2_cuda_param_tensor(g->model, i); pl->grad[i] = g->grads.tensor[i]; }
+}
+
+// Device memory in use now, kept as the peak when it is the most so far.
+static void gpu_note_memory(Gpu *g) {
+    size_t free_bytes = 0, total = 0;
+    if (gpt2_cuda_device(NULL, 0, &free_bytes, &total) == 0 && total - free_bytes > g->used_peak) g->used_peak = total - free_bytes;
+}
+
+// Gradient release: backward calls this as each group's gradients become final (the final
+// LayerNorm, then layer L-1 .. 0, then the embeddings); their tensors are stepped right there, on
+// the model's stream, before backward overwrites the shared slices with the next layer's.
+static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
+    Gpu *g = (Gpu *)ctx;
+    const GPT2 *m = g->host;
+    static const int lnf[] = {14, 15}, embed[] = {0, 1, 16, 17};
+    int ids[NUM_PARAM_TENSORS], count = 0;
+    if (which >= 0) {
+        for (int i = 2; i <= 13; i++) ids[count++] = optimizer_id(m, 1, i, which);
+    } else {
+        const int *list = which == GPT2_CUDA_GRADS_LNF ? lnf : embed;
+        int k = which == GPT2_CUDA_GRADS_LNF ? 2 : 4;
+        for (int j = 0; j < k; j++) if (m->param_sizes[list[j]]) ids[count++] = optimizer_id(m, 1, list[j], 0);
+    }
+    return bnb8_optimizer_step_tensors(g->opt, ids, count, g->lr, 1.0f, stream) ? 1 : 0;
+}
+
+// One training step on the GPU: forward, backward and the optimizer (inside backward under release).
+// *norm: the global gradient norm (NAN under release, where it is never formed); *skipped: 1 when
+// it was not finite and nothing was updated. Waits for the GPU at the end (the loss).
+static int gpu_train_step(Gpu *g, const GPT2 *m, bnb8_optimizer *opt, const int *inputs, const int *targets,
+                          int64_t B, int64_t T, float lr, float clip, float *loss, double *norm, int *skipped) {
+    g->host = m; g->opt = opt; g->lr = lr;
+    *norm = NAN;
+    *skipped = 0;
+    if (gpt2_cuda_forward(g->model, inputs, targets, (int)B, (int)T, 1) ||
+        gpt2_cuda_backward(g->model, &g->grads, 0, g->release ? gpu_grads_ready : NULL, g))
+        return train_fail("GPU step: %s%s%s", gpt2_cuda_last_error(), g->release ? "; optimizer: " : "",
+                          g->release ? bnb8_last_error() : "");
+    if (!g->release) {
+        if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
+        *skipped = !isfinite(*norm);
+        float scale = clip > 0.0f && *norm > clip ? (float)(clip / *norm) : 1.0f;
+        if (!*skipped && bnb8_optimizer_step(opt, lr, scale, gpt2_cuda_stream(g->model)))
+            return train_fail("optimizer step: %s", bnb8_last_error());
+    }
+    if (gpt2_cuda_loss(g->model, loss, NULL)) return train_fail("GPU loss: %s", gpt2_cuda_last_error());
+    gpu_note_memory(g);
+    return 0;
+}
+
+// Mean loss of one batch (no backward).
+static int gpu_loss(Gpu *g, const int *inputs, const int *targets, int64_t B, int64_t T, float *loss) {
+    if (gpt2_cuda_forward(g->model, inputs, targets, (int)B, (int)T, 0) || gpt2_cuda_loss(g->model, loss, NULL))
+        return train_fail("GPU forward: %s", gpt2_cuda_last_error());
+    return 0;
+}
+
+// The logits after tokens[0..t-1] (one sequence), into g->logits.
+static int gpu_next_logits(Gpu *g, const int *tokens, int64_t t) {
+    if (gpt2_cuda_forward(g->model, tokens, NULL, 1, (int)t, 0) || gpt2_cuda_get_logits(g->model, g->logits, t - 1, 1))
+        return train_fail("GPU forward: %s", gpt2_cuda_last_error());
+    return 0;
+}
+
+// The weights as fp32 into m->params_memory (host), for checkpoints and results: the masters
+// (weight + correction) for flash, the weights themselves otherwise.
+static int gpu_fetch_weights(Gpu *g, GPT2 *m, const bnb8_optimizer *opt) {
+    if (g->flash) return flash_export_masters(m, opt, g->release, m->params_memory);
+    if (gpt2_cuda_get_params(g->model, m->params_memory)) return train_fail("GPU weights: %s", gpt2_cuda_last_error());
+    return 0;
+}
+
+// ------------------------------------------------------------------------------------------------
 // Evaluation and sampling
 
-// Mean loss over the first val_batches batches of the file (all of them if fewer).
-static float evaluate(GPT2 *m, const TokenFile *val, int64_t B, int64_t T, int64_t max_batches) {
+// Mean loss over the first val_batches batches of the file (all of them if fewer); NAN on a GPU error.
+static float evaluate(GPT2 *m, Gpu *gpu, const TokenFile *val, int64_t B, int64_t T, int64_t max_batches) {
     int64_t n = (val->count - 1) / (B * T);
     if (max_batches > 0 && n > max_batches) n = max_batches;
+    int *inputs = (int *)malloc(sizeof(int) * (size_t)(2 * B * T)), *targets = inputs + B * T;
+    if (!inputs) return NAN;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
         const uint16_t *p = val->tokens + i * B * T;
-        for (int64_t j = 0; j < B * T; j++) { m->inputs[j] = p[j]; m->targets[j] = p[j + 1]; }
-        sum += gpt2_forward(m, m->inputs, m->targets, B, T);
+        for (int64_t j = 0; j < B * T; j++) { inputs[j] = p[j]; targets[j] = p[j + 1]; }
+        float loss = NAN;
+        if (gpu && gpu->model) { if (gpu_loss(gpu, inputs, targets, B, T, &loss)) break; }
+        else loss = gpt2_forward(m, inputs, targets, B, T);
+        sum += loss;
     }
+    free(inputs);
     return n > 0 ? (float)(sum / (double)n) : NAN;
 }
 
 // Generates up to gen_tokens tokens after an end-of-text (at most T in all); only the last
-// position's logits are computed. Returns the number of tokens in out (out[0] is the start).
-static int64_t generate(GPT2 *m, Rng *rng, int eot, int64_t gen_tokens, int *out) {
+// position's logits are computed. Returns the number of tokens in out (out[0] is the start), or -1
+// on a GPU error.
+static int64_t generate(GPT2 *m, Gpu *gpu, Rng *rng, int eot, int64_t gen_tokens, int *out) {
     const GPT2Config *c = &m->config;
     int64_t n = gen_tokens + 1 < m->seq_len ? gen_tokens + 1 : m->seq_len;
     int64_t C = c->channels, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int on_gpu = gpu && gpu->model;
+    float *logits = on_gpu ? gpu->logits : m->acts.logits;   // (Vp)
     out[0] = eot;
     for (int64_t t = 1; t < n; t++) {
-        gpt2_forward_body(m, out, 1, t);
-        float *logits = m->acts.logits;
-        matmul_forward(logits, m->acts.lnf + (t - 1) * C, m->params.wte, NULL, 1, C, Vp);
+        if (on_gpu) {
+            if (gpu_next_logits(gpu, out, t)) return -1;
+        } else {
+            gpt2_forward_body(m, out, 1, t);
+            matmul_forward(logits, m->acts.lnf + (t - 1) * C, m->params.wte, NULL, 1, C, Vp);
+        }
         softmax_forward(logits, NULL, NULL, 1, V, Vp);
         float u = rng_uniform(rng), cdf = 0.0f;
         int next = (int)V - 1;
@@ -1421,12 +1664,13 @@ static int64_t generate(GPT2 *m, Rng *rng, int eot, int64_t gen_tokens, int *out
     return n;
 }
 
-static void print_sample(GPT2 *m, Rng *rng, const Tokenizer *tok, int64_t gen_tokens) {
+static void print_sample(GPT2 *m, Gpu *gpu, Rng *rng, const Tokenizer *tok, int64_t gen_tokens) {
     int *ids = (int *)malloc(sizeof(int) * (size_t)m->seq_len);
     if (!ids) return;
     int eot = tok->data ? tok->eot : m->config.vocab_size - 1;
-    int64_t n = generate(m, rng, eot, gen_tokens, ids);
-    printf("---- sample (%lld tokens) ----\n", (long long)(n - 1));
+    int64_t n = generate(m, gpu, rng, eot, gen_tokens, ids);
+    if (n < 0) printf("---- no sample: %s\n", train_error_text);
+    else printf("---- sample (%lld tokens) ----\n", (long long)(n - 1));
     for (int64_t i = 1; i < n; i++) {
         if (tok->data) tokenizer_print(tok, ids[i], stdout);
         else printf("%d ", ids[i]);
@@ -1457,47 +1701,83 @@ static double peak_resident_bytes(void) {
     return kb < 0 ? -1.0 : kb * 1024.0;
 }
 
-static void print_memory(const GPT2 *m, bnb8_optimizer *opt, const double state_bytes[NUM_PARAM_TENSORS],
+// Device memory of a GPU run by the accounting: weights, correction, gradients (or the release
+// scratch), optimizer states, activations (with every scratch buffer and cuBLASLt's workspace).
+static double gpu_bytes_computed(const Gpu *g, bnb8_optimizer *opt) {
+    bnb8_memory mem = bnb8_optimizer_memory(opt, 0);
+    return mem.weights + mem.correction + (double)g->grads_bytes + mem.states + (double)gpt2_cuda_act_bytes(g->model);
+}
+
+static void print_memory(const GPT2 *m, const Gpu *gpu, bnb8_optimizer *opt, const double state_bytes[NUM_PARAM_TENSORS],
                          const Recipe *r) {
-    bnb8_memory mem = bnb8_optimizer_memory(opt, 1);
-    int flash = r->format == BNB8_STATE_FLASH;
+    int flash = r->format == BNB8_STATE_FLASH, on_gpu = gpu && gpu->model, release = on_gpu && gpu->release;
+    bnb8_memory mem = bnb8_optimizer_memory(opt, !release);
     double es = flash ? 2.0 : 4.0, cs = flash ? 1.0 : 0.0;   // bytes per element: weights/gradients, correction
-    printf("memory: every buffer (%s; optimizer states as the library holds them)\n",
-           flash ? "weights bf16 + int8 correction, gradients bf16" : "weights and gradients fp32");
+    if (on_gpu) printf("memory: every buffer on the GPU (%s, %.1f GB)\n", gpu->name, (double)gpu->total_bytes / 1e9);
+    printf("memory: %s; optimizer states as the library holds them%s\n",
+           flash ? "weights bf16 + int8 correction, gradients bf16" : "weights and gradients fp32",
+           release ? "; gradient release: one layer's gradient slices, reused" : "");
     printf("  %-10s %-11s %13s %12s %12s %12s %12s %s\n", "parameter", "shape", "elements", "weights", "correction",
            "gradients", "opt. state", " state B/elem");
     for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
         if (!m->param_sizes[i]) continue;
         double n = (double)m->param_sizes[i];
         printf("  %-10s %-11s %13lld ", param_names[i], param_shapes[i], (long long)m->param_sizes[i]);
-        print_bytes(es * n); printf("  "); print_bytes(cs * n); printf("  "); print_bytes(es * n); printf("  ");
+        print_bytes(es * n); printf("  "); print_bytes(cs * n); printf("  ");
+        print_bytes(es * n / (double)tensor_slices(m, release, i)); printf("  ");
         print_bytes(state_bytes[i]);
         printf("  %6.3f\n", state_bytes[i] / n);
     }
     printf("  %-10s %-11s %13lld ", "total", "", (long long)mem.params);
-    print_bytes(mem.weights); printf("  "); print_bytes(mem.correction); printf("  "); print_bytes(mem.gradients);
-    printf("  "); print_bytes(mem.states);
-    if (flash) {
+    print_bytes(mem.weights); printf("  "); print_bytes(mem.correction); printf("  ");
+    print_bytes(release ? (double)gpu->grads_bytes : mem.gradients); printf("  "); print_bytes(mem.states);
+    if (flash && !on_gpu) {
         printf("\n  fp32 working copies, not persistent (the CPU model computes in fp32):\n");
         printf("    %-34s ", "weights (the bf16 weights widened)"); print_bytes(4.0 * (double)m->num_parameters);
         printf("\n    %-34s ", "gradients (before rounding to bf16)"); print_bytes(4.0 * (double)m->num_parameters);
     }
+    double acts = 0.0;
     printf("\n  activations (B=%lld, T=%lld), one allocation:\n", (long long)m->batch_size, (long long)m->seq_len);
-    for (int i = 0; i < NUM_ACT_TENSORS; i++) {
-        if (!m->act_sizes[i]) continue;
-        printf("    %-18s %13lld ", act_names[i], (long long)m->act_sizes[i]);
-        print_bytes(4.0 * (double)m->act_sizes[i]);
-        printf("\n");
+    if (on_gpu) {
+        for (int i = 0; i < gpt2_cuda_num_act_tensors(); i++) {
+            double b = (double)gpt2_cuda_act_tensor_bytes(gpu->model, i);
+            if (b == 0.0) continue;
+            printf("    %-18s ", gpt2_cuda_act_name(i)); print_bytes(b); printf("\n");
+        }
+        acts = (double)gpt2_cuda_act_bytes(gpu->model);
+    } else {
+        for (int i = 0; i < NUM_ACT_TENSORS; i++) {
+            if (!m->act_sizes[i]) continue;
+            printf("    %-18s %13lld ", act_names[i], (long long)m->act_sizes[i]);
+            print_bytes(4.0 * (double)m->act_sizes[i]);
+            printf("\n");
+        }
+        acts = 4.0 * (double)m->num_activations;
+        printf("    %-18s %13lld ", "total", (long long)m->num_activations);
     }
-    printf("    %-18s %13lld ", "total", (long long)m->num_activations);
-    print_bytes(4.0 * (double)m->num_activations);
+    if (on_gpu) printf("    %-18s ", "total");
+    print_bytes(acts);
     double P = (double)mem.params;
-    printf("\n  persistent bytes per parameter (recipe %s, from bnb8_optimizer_memory):\n", r->name);
+    printf("\n  persistent bytes per parameter (recipe %s%s, from bnb8_optimizer_memory):\n", r->name,
+           release ? " + gradient release" : "");
     printf("    weights %.3f + master correction %.3f + gradients %.3f + optimizer state %.3f = %.3f\n",
            mem.weights / P, mem.correction / P, mem.gradients / P, mem.states / P,
            (mem.weights + mem.correction + mem.gradients + mem.states) / P);
-    if (flash) printf("    working copies: %.3f bytes per parameter (fp32 weights and gradients for the CPU model)\n", 8.0);
-    printf("    activations: %.3f bytes per parameter at this batch size\n", 4.0 * (double)m->num_activations / P);
+    if (release)
+        printf("    gradient scratch under release (wte, wpe, final and StableEmbedding layernorms in full, one layer's\n"
+               "    slices of the rest): %.3f bytes per parameter\n", (double)gpu->grads_bytes / P);
+    if (flash && !on_gpu) printf("    working copies: %.3f bytes per parameter (fp32 weights and gradients for the CPU model)\n", 8.0);
+    printf("    activations: %.3f bytes per parameter at this batch size\n", acts / P);
+    if (on_gpu) {
+        double computed = gpu_bytes_computed(gpu, opt);
+        double measured = (double)(gpu->used_peak - gpu->used_before);
+        printf("  device memory: computed (weights + correction + gradients + states + activations) ");
+        print_bytes(computed);
+        printf("\n                 measured (cudaMemGetInfo, most in use after a step, minus before the run) ");
+        print_bytes(measured);
+        if (measured > 0) printf("  (%+.1f%%)", 100.0 * (measured - computed) / computed);
+        printf("\n");
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1524,6 +1804,7 @@ static double grad_norm(const GPT2 *m) {
 
 static int train_run(const TrainArgs *a, TrainResult *res) {
     GPT2 model = {0};
+    Gpu gpu = {0};
     TokenFile train_file = {0}, val_file = {0};
     Tokenizer tok = {0};
     DataLoader loader = {0};
@@ -1537,12 +1818,14 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     res->first_step = res->last_step = res->skipped_steps = 0;
     res->first_loss = res->last_loss = res->val_loss = NAN;
     res->tokens_per_second = 0.0;
+    res->on_gpu = 0;
 
     if (ri < 0) { train_fail("unknown recipe '%s' (fp32, 8bit, flash)", a->recipe); goto done; }
     if (oi < 0) { train_fail("unknown optimizer '%s' (adamw, lion, sgd)", a->optimizer); goto done; }
     if (a->B < 1 || a->T < 1 || a->steps < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
-        !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f)) {
+        !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
+        a->release < 0 || a->release > 1) {
         train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
         goto done;
     }
@@ -1553,6 +1836,14 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     const Recipe *recipe = &recipes[ri];
     const OptimizerChoice *oc = &optimizers[oi];
     float lr = a->lr > 0.0f ? a->lr : oc->lr, wd = a->weight_decay >= 0.0f ? a->weight_decay : oc->weight_decay;
+    int flash = recipe->format == BNB8_STATE_FLASH;
+    int on_gpu = a->device == 2 || (a->device == 0 && gpu_available());
+    if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
+        const char *why = !on_gpu ? "runs on the GPU only (-D 2)" : !flash ? "is for the flash recipe (-r flash)"
+                        : a->grad_clip > 0.0f ? "steps each layer inside backward, before a global gradient norm "
+                                                "exists: turn clipping off (-g 0)" : NULL;
+        if (why) { train_fail("gradient release (-R 1) %s", why); goto done; }
+    }
 
     // The model: from the newest complete checkpoint when resuming, else from -e.
     int64_t start = 0;
@@ -1567,11 +1858,12 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     if (start > 0) {
         checkpoint_path(path, sizeof path, a->out_dir, "state", start, ".bin");
         if (state_load(&st, path)) goto done;
-        if (st.step != start || st.B != a->B || st.T != a->T || st.recipe != ri || st.optimizer != oi) {
-            train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, recipe %s, optimizer %s; "
-                       "this run asks for B=%lld, T=%lld, recipe %s, optimizer %s", path, (long long)st.step,
+        if (st.step != start || st.B != a->B || st.T != a->T || st.recipe != ri || st.optimizer != oi ||
+            st.release != a->release) {
+            train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, recipe %s, optimizer %s, release %lld; "
+                       "this run asks for B=%lld, T=%lld, recipe %s, optimizer %s, release %d", path, (long long)st.step,
                        (long long)st.B, (long long)st.T, recipes[st.recipe].name, optimizers[st.optimizer].name,
-                       (long long)a->B, (long long)a->T, recipe->name, oc->name);
+                       (long long)st.release, (long long)a->B, (long long)a->T, recipe->name, oc->name, a->release);
             goto done;
         }
         checkpoint_path(model_path, sizeof model_path, a->out_dir, "model", start, ".bin");
@@ -1620,16 +1912,20 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
             tokenizer_free(&tok);
         }
     }
-    if (loader_init(&loader, &train_file, a->B, a->T) || gpt2_alloc_acts(&model, a->B, a->T)) goto done;
-    if (optimizer_build(&opt, &model, recipe, oc, lr, wd, state_bytes)) goto done;
+
+    // The model's device, where the optimizer finds each tensor, the optimizer.
+    Placement place;
+    if (loader_init(&loader, &train_file, a->B, a->T)) goto done;
+    if (on_gpu) {
+        if (gpu_open(&gpu, &model, flash, a->release, a->B, a->T)) goto done;
+        gpu_placement(&gpu, &model, &place);
+    } else if (gpt2_alloc_acts(&model, a->B, a->T) || cpu_placement(&model, flash, &place)) goto done;
+    if (optimizer_build(&opt, &model, &place, recipe, oc, lr, wd, state_bytes)) goto done;
 
     Rng rng = {a->seed};
     if (start > 0) {
         checkpoint_path(path, sizeof path, a->out_dir, "optim", start, ".bin");
         if (bnb8_optimizer_load(opt, path)) { train_fail("%s", bnb8_last_error()); goto done; }
-        // flash: the file holds the exact bf16 weights and corrections (importing the checkpoint's
-        // fp32 masters alone may move a few weights by a bf16 ulp); the working copy follows them.
-        if (recipe->format == BNB8_STATE_FLASH) flash_weights_to_fp32(&model);
         if (st.position > train_file.count) {
             train_fail("%s: data position %lld is past the end of %s", a->out_dir, (long long)st.position, train_file.path);
             goto done;
@@ -1637,35 +1933,41 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         loader.position = st.position;
         rng.s = st.rng;
     }
+    // flash: the optimizer's bf16 weights are the truth (a checkpoint's file holds them exactly;
+    // importing its fp32 masters alone may move a few by a bf16 ulp); the CPU's working copy follows.
+    if (flash && !on_gpu) flash_weights_to_fp32(&model);
 
     int64_t end = a->steps;
     if (a->stop_after > 0 && a->stop_after < end) end = a->stop_after;
     if (a->verbose) {
+        if (on_gpu) printf("bnb8 train_gpt2_8bit: GPU %s (%s model)\n", gpu.name, flash ? "bf16" : "fp32");
+        else {
 #ifdef _OPENMP
-        int threads = omp_get_max_threads();
+            int threads = omp_get_max_threads();
 #else
-        int threads = 1;
+            int threads = 1;
 #endif
-        printf("bnb8 train_gpt2_8bit: CPU, %d OpenMP threads\n", threads);
+            printf("bnb8 train_gpt2_8bit: CPU, %d OpenMP threads\n", threads);
+        }
         printf("model    %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %lld parameters, StableEmbedding %s\n",
                model_path, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
                cfg->padded_vocab_size, cfg->max_seq_len, (long long)model.num_parameters,
                cfg->stable_embedding ? "on" : "off");
         printf("data     %s (%lld tokens), val %s (%lld tokens)\n", train_file.path, (long long)train_file.count,
                have_val ? val_file.path : "none", (long long)val_file.count);
-        printf("recipe   %s: %s\n", recipe->name, recipe->about);
+        printf("recipe   %s: %s%s\n", recipe->name, recipe->about, a->release ? "; gradient release" : "");
         printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g\n",
                oc->name, (double)lr, (long long)a->warmup, (double)(lr * a->final_lr_frac), (double)wd,
                (double)a->grad_clip);
         printf("train    B=%lld T=%lld, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T,
                (long long)start + 1, (long long)end, (long long)a->steps, start > 0 ? " (resumed)" : "");
-        print_memory(&model, opt, state_bytes, recipe);
+        print_memory(&model, &gpu, opt, state_bytes, recipe);
         fflush(stdout);
     }
 
     float val_first = NAN, val_last = NAN;
     if (have_val && a->eval_every > 0 && start == 0) {
-        val_first = val_last = evaluate(&model, &val_file, a->B, a->T, a->val_batches);
+        val_first = val_last = evaluate(&model, &gpu, &val_file, a->B, a->T, a->val_batches);
         if (a->verbose) printf("step %5d | val loss %.4f\n", 0, (double)val_first);
     }
     double train_time = 0.0;
@@ -1674,18 +1976,27 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     for (int64_t s = start + 1; s <= end; s++) {
         double t0 = now_seconds();
         loader_next(&loader);
-        float loss = gpt2_forward(&model, loader.inputs, loader.targets, a->B, a->T);
-        gpt2_zero_grad(&model);
-        gpt2_backward(&model);
-        if (train_after_backward) train_after_backward(&model, opt, s);
-        double norm = grad_norm(&model);
-        float step_lr = lr_schedule(a, lr, s);
-        int skipped = !isfinite(norm);
+        float step_lr = lr_schedule(a, lr, s), loss = NAN;
+        double norm = NAN;
+        int skipped = 0;
+        if (on_gpu) {
+            if (gpu_train_step(&gpu, &model, opt, loader.inputs, loader.targets, a->B, a->T, step_lr, a->grad_clip,
+                               &loss, &norm, &skipped)) goto done;
+        } else {
+            loss = gpt2_forward(&model, loader.inputs, loader.targets, a->B, a->T);
+            gpt2_zero_grad(&model);
+            gpt2_backward(&model);
+            if (train_after_backward) train_after_backward(&model, opt, s);
+            norm = grad_norm(&model);
+            skipped = !isfinite(norm);
+            if (!skipped) {
+                float scale = a->grad_clip > 0.0f && norm > a->grad_clip ? (float)(a->grad_clip / norm) : 1.0f;
+                if (flash) flash_grads_to_bf16(&model);   // the norm is the fp32 gradients'
+                if (bnb8_optimizer_step(opt, step_lr, scale, NULL)) { train_fail("optimizer step: %s", bnb8_last_error()); goto done; }
+                if (flash) flash_weights_to_fp32(&model);
+            }
+        }
         if (!skipped) {
-            float scale = a->grad_clip > 0.0f && norm > a->grad_clip ? (float)(a->grad_clip / norm) : 1.0f;
-            if (recipe->format == BNB8_STATE_FLASH) flash_grads_to_bf16(&model);   // the norm is the fp32 gradients'
-            if (bnb8_optimizer_step(opt, step_lr, scale, NULL)) { train_fail("optimizer step: %s", bnb8_last_error()); goto done; }
-            if (recipe->format == BNB8_STATE_FLASH) flash_weights_to_fp32(&model);
             int64_t bad = bnb8_optimizer_take_nonfinite(opt);
             if (bad && a->verbose) printf("step %lld: %lld non-finite gradient elements left unchanged\n", (long long)s, (long long)bad);
         } else {
@@ -1695,8 +2006,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
                        (long long)s, norm);
         }
         double dt = now_seconds() - t0;
-        train_time += dt;
-        trained++;
+        if (s > start + 1 || end == start + 1) { train_time += dt; trained++; }   // the first step warms up
         if (s == start + 1) first_loss = loss;
         last_loss = loss;
         if (res->losses) res->losses[s - 1] = loss;
@@ -1706,16 +2016,19 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
             fflush(stdout);
         }
         if (have_val && a->eval_every > 0 && (s % a->eval_every == 0 || s == a->steps)) {
-            val_last = evaluate(&model, &val_file, a->B, a->T, a->val_batches);
+            val_last = evaluate(&model, &gpu, &val_file, a->B, a->T, a->val_batches);
             if (a->verbose) printf("step %5lld | val loss %.4f\n", (long long)s, (double)val_last);
         }
         if (a->verbose && a->sample_every > 0 && s % a->sample_every == 0 && s != a->steps)
-            print_sample(&model, &rng, &tok, a->gen_tokens);
+            print_sample(&model, &gpu, &rng, &tok, a->gen_tokens);
         if (has_out && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after)) {
-            TrainerState save = {s, loader.position, a->B, a->T, ri, oi, cfg->stable_embedding, a->steps, rng.s, a->seed};
-            // flash: the model file holds the fp32 masters (decoded into the free gradient buffer).
-            if (recipe->format == BNB8_STATE_FLASH) {
-                if (flash_export_masters(&model, opt, model.grads_memory)) goto done;
+            TrainerState save = {s, loader.position, a->B, a->T, ri, oi, cfg->stable_embedding, a->steps, rng.s, a->seed,
+                                 a->release};
+            // The model file holds fp32 weights: on the GPU fetched into the host copy; for flash on
+            // the CPU the masters, decoded into the free gradient buffer.
+            if (on_gpu && gpu_fetch_weights(&gpu, &model, opt)) goto done;
+            if (flash && !on_gpu) {
+                if (flash_export_masters(&model, opt, 0, model.grads_memory)) goto done;
                 model.master = model.grads_memory;
             }
             int failed = checkpoint_save(a->out_dir, &model, opt, &save);
@@ -1726,25 +2039,34 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     }
 
     if (have_val && isnan(val_last) && end == a->steps)
-        val_last = evaluate(&model, &val_file, a->B, a->T, a->val_batches);
+        val_last = evaluate(&model, &gpu, &val_file, a->B, a->T, a->val_batches);
     res->first_step = start + 1;
     res->last_step = end;
     res->first_loss = first_loss;
     res->last_loss = last_loss;
     res->val_loss = val_last;
     res->tokens_per_second = train_time > 0.0 ? (double)(trained * a->B * a->T) / train_time : 0.0;
-    res->memory = bnb8_optimizer_memory(opt, 1);
+    res->memory = bnb8_optimizer_memory(opt, !a->release);
+    res->on_gpu = on_gpu;
+    if (on_gpu) {
+        res->gpu_computed = gpu_bytes_computed(&gpu, opt);
+        res->gpu_measured = (double)(gpu.used_peak - gpu.used_before);
+    }
     if (res->final_params && res->final_params_count == model.num_parameters) {   // flash: the masters
-        if (recipe->format == BNB8_STATE_FLASH) { if (flash_export_masters(&model, opt, res->final_params)) goto done; }
-        else memcpy(res->final_params, model.params_memory, sizeof(float) * (size_t)model.num_parameters);
+        if (on_gpu) {
+            if (gpu_fetch_weights(&gpu, &model, opt)) goto done;
+            memcpy(res->final_params, model.params_memory, sizeof(float) * (size_t)model.num_parameters);
+        } else if (flash) {
+            if (flash_export_masters(&model, opt, 0, res->final_params)) goto done;
+        } else memcpy(res->final_params, model.params_memory, sizeof(float) * (size_t)model.num_parameters);
     }
 
     if (a->verbose) {
         printf("\n==== report ====\n");
-        print_memory(&model, opt, state_bytes, recipe);
+        print_memory(&model, &gpu, opt, state_bytes, recipe);
         double peak = peak_resident_bytes();
         if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); printf("\n"); }
-        printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s of training)\n", res->tokens_per_second,
+        printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s, after the first step)\n", res->tokens_per_second,
                (long long)trained, (long long)(a->B * a->T), train_time);
         printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)first_loss, (long long)(start + 1),
                (double)last_loss, (long long)end);
@@ -1752,11 +2074,12 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         printf("\n");
         if (res->skipped_steps)
             printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);
-        if (a->gen_tokens > 0) print_sample(&model, &rng, &tok, a->gen_tokens);
+        if (a->gen_tokens > 0) print_sample(&model, &gpu, &rng, &tok, a->gen_tokens);
     }
     status = 0;
 done:
     bnb8_optimizer_free(opt);
+    gpu_close(&gpu);
     loader_free(&loader);
     tokenizer_free(&tok);
     free(train_file.tokens);
@@ -1781,6 +2104,9 @@ static void usage(FILE *f) {
         "  -o <dir>    output directory for checkpoints (default none)\n"
         "  -r <name>   recipe: fp32 | 8bit | flash (bf16 weights + int8 correction, 8-bit states)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
+        "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
+        "  -R <0|1>    gradient release (GPU, flash, -g 0): each layer is stepped inside backward, as soon\n"
+        "              as its gradients are final, and no full gradient buffer exists (default 0)\n"
         "  -w <0|1>    StableEmbedding (the paper's recipe for 8-bit training): layernorm after the token\n"
         "              embedding, Xavier init, 32-bit optimizer state for wte (default: on for a descriptor,\n"
         "              as recorded in a .bin model)\n"
@@ -1801,6 +2127,8 @@ static void usage(FILE *f) {
         "  -x <int>    stop after this step, checkpointing it; the schedule still spans -n (default off)\n"
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
         "  -h          this text\n"
+        "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release for flash\n"
+        "only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
@@ -1829,18 +2157,21 @@ static int parse_float(const char *flag, const char *s, double lo, double hi, fl
     return 0;
 }
 
-// Returns 0 (run), 1 (-h: usage printed) or -1 (bad flag: message in train_error_text).
-static int parse_args(int argc, char **argv, TrainArgs *a) {
+// Returns 0 (run), 1 (-h: usage printed) or -1 (bad flag: message in train_error_text). given[c] is
+// set for each flag -c on the command line.
+static int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
     train_args_default(a);
+    memset(given, 0, 128);
     for (int i = 1; i < argc; i += 2) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpwbtnluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpDRwbtnluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
         int st = 0;
+        given[(unsigned char)f[1] & 127] = 1;
         switch (f[1]) {
         case 'i': a->train_path = v; break;
         case 'j': a->val_path = v; break;
@@ -1849,6 +2180,13 @@ static int parse_args(int argc, char **argv, TrainArgs *a) {
         case 'o': a->out_dir = v; break;
         case 'r': a->recipe = v; if (find_recipe(v) < 0) st = train_fail("-r: unknown recipe '%s' (fp32, 8bit, flash)", v); break;
         case 'p': a->optimizer = v; if (find_optimizer(v) < 0) st = train_fail("-p: unknown optimizer '%s' (adamw, lion, sgd)", v); break;
+        case 'D':
+            if (strcmp(v, "auto") == 0) a->device = 0;
+            else if (strcmp(v, "cpu") == 0) a->device = 1;
+            else if (strcmp(v, "gpu") == 0) a->device = 2;
+            else st = train_fail("-D: unknown device '%s' (auto, cpu, gpu)", v);
+            break;
+        case 'R': st = parse_int(f, v, 0, 1, &n); a->release = (int)n; break;
         case 'w': st = parse_int(f, v, 0, 1, &n); a->stable_embedding = (int)n; break;
         case 'b': st = parse_int(f, v, 1, 1 << 20, &a->B); break;
         case 't': st = parse_int(f, v, 1, 1 << 20, &a->T); break;
@@ -1873,15 +2211,34 @@ static int parse_args(int argc, char **argv, TrainArgs *a) {
     return 0;
 }
 
+// On the GPU, what `make train` shows by default: GPT-2 124M with the flash recipe and gradient
+// release, B=16 x T=1024 (flags given on the command line win).
+static void apply_gpu_defaults(TrainArgs *a, const char given[128]) {
+    if (!given['e']) a->model = "d12";
+    if (!given['r']) a->recipe = "flash";
+    if (!given['R']) a->release = strcmp(a->recipe, "flash") == 0 && (!given['g'] || a->grad_clip == 0.0f);
+    if (!given['g'] && a->release) a->grad_clip = 0.0f;
+    if (!given['b']) a->B = 16;
+    if (!given['t']) a->T = 1024;
+    if (!given['n']) a->steps = 200;
+    if (!given['v']) a->eval_every = 25;
+    if (!given['l']) a->lr = optimizers[find_optimizer(a->optimizer)].lr / 5.0f;
+}
+
 #ifndef TRAIN_NO_MAIN
 int main(int argc, char **argv) {
     TrainArgs args;
-    int p = parse_args(argc, argv, &args);
+    char given[128];
+    int p = parse_args(argc, argv, &args, given);
     if (p == 1) { usage(stdout); return 0; }
     if (p < 0) {
         fprintf(stderr, "error: %s\n\n", train_error_text);
         usage(stderr);
         return 1;
+    }
+    if (args.device == 2 || (args.device == 0 && gpu_available())) {
+        args.device = 2;
+        apply_gpu_defaults(&args, given);
     }
     if (train_run(&args, NULL)) {
         fflush(stdout);

@@ -547,7 +547,7 @@ static void test_nonfinite_weights(void) {
             // checkpoint_save refuses, and writes nothing
             test_remove_tree(ckdir, 1);
             EXPECT(mkdir(ckdir, 0700) == 0, "mkdir %s", ckdir);
-            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1};
+            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0};
             train_error_text[0] = 0;
             s = checkpoint_save(ckdir, &m, NULL, &st);
             char *listing = dir_snapshot(ckdir);
@@ -727,4 +727,4 @@ void tests_faults(void) {
 // The trainer's command line is test_train.c's to test; named here so that this copy of it does not
 // warn as unused.
 void test_faults_unused(void);
-void test_faults_unused(void) { (void)usage; (void)parse_args; }
+void test_faults_unused(void) { (void)usage; (void)parse_args; (void)apply_gpu_defaults; }

@@ -572,7 +572,7 @@ static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
     tpath(bad, sizeof bad, "bad_state.bin");
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
@@ -591,7 +591,9 @@ static void test_state_files(void) {
     GPT2 m;
     bnb8_optimizer *opt = NULL;
     double sb[NUM_PARAM_TENSORS];
-    if (gpt2_init_random(&m, &c, 1) == 0 && optimizer_build(&opt, &m, &recipes[1], &optimizers[0], 1e-3f, 0.1f, sb) == 0) {
+    Placement pl;
+    if (gpt2_init_random(&m, &c, 1) == 0 && cpu_placement(&m, 0, &pl) == 0 &&
+        optimizer_build(&opt, &m, &pl, &recipes[1], &optimizers[0], 1e-3f, 0.1f, sb) == 0) {
         char op[256];
         tpath(op, sizeof op, "optim.bin");
         EXPECT(bnb8_optimizer_save(opt, op) == 0, "%s", bnb8_last_error());
@@ -630,7 +632,7 @@ static void test_fortunes_smoke(void) {
     if (gpt2_init_random(&m, &c, 2) == 0 && gpt2_alloc_acts(&m, 1, 16) == 0) {
         int ids[16];
         Rng rng = {5};
-        int64_t n = generate(&m, &rng, tok.eot, 40, ids);
+        int64_t n = generate(&m, NULL, &rng, tok.eot, 40, ids);
         EXPECT(n == 16 && ids[0] == 50256, "generated %lld tokens", (long long)n);
         for (int64_t i = 0; i < n; i++) EXPECT(ids[i] >= 0 && ids[i] < 50257, "token %d", ids[i]);
     } else EXPECT(0, "%s", train_error_text);
@@ -655,19 +657,41 @@ static void test_settings(void) {
         {2, {"t", "-Q"}, "unknown flag"}, {3, {"t", "-Q", "1"}, "unknown flag"}, {2, {"t", "-b"}, "needs a value"},
         {3, {"t", "-b", "0"}, "-b"}, {3, {"t", "-b", "x"}, "-b"}, {3, {"t", "-l", "-1"}, "-l"},
         {3, {"t", "-r", "4bit"}, "recipe"}, {3, {"t", "-p", "adam"}, "optimizer"}, {2, {"t", "file.bin"}, "unexpected"},
-        {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}};
+        {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
+        {3, {"t", "-R", "2"}, "-R"}};
     TrainArgs a;
+    char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int s = parse_args(cases[i].argc, (char **)cases[i].argv, &a);
+        int s = parse_args(cases[i].argc, (char **)cases[i].argv, &a, given);
         EXPECT(s == -1 && strstr(train_error_text, cases[i].what), "case %zu: %d '%s'", i, s, train_error_text);
     }
     FILE *null = fopen("/dev/null", "w");
     if (null) { usage(null); fclose(null); }
     const char *help[] = {"t", "-h"};
-    EXPECT(parse_args(2, (char **)help, &a) == 1, "-h");
+    EXPECT(parse_args(2, (char **)help, &a, given) == 1, "-h");
     const char *good[] = {"t", "-b", "4", "-r", "fp32", "-p", "lion", "-n", "7", "-l", "1e-3", "-w", "1"};
-    EXPECT(parse_args(13, (char **)good, &a) == 0 && a.B == 4 && a.steps == 7 && a.stable_embedding == 1 &&
+    EXPECT(parse_args(13, (char **)good, &a, given) == 0 && a.B == 4 && a.steps == 7 && a.stable_embedding == 1 &&
            strcmp(a.optimizer, "lion") == 0 && a.lr == 1e-3f, "good flags: %s", train_error_text);
+    EXPECT(given['b'] && given['r'] && given['w'] && !given['e'] && !given['g'], "flags given");
+    // The GPU's defaults fill what the command line left out, and only that.
+    const char *gpu_flags[] = {"t", "-r", "8bit", "-n", "9"};
+    EXPECT(parse_args(5, (char **)gpu_flags, &a, given) == 0, "%s", train_error_text);
+    apply_gpu_defaults(&a, given);
+    EXPECT(strcmp(a.model, "d12") == 0 && strcmp(a.recipe, "8bit") == 0 && a.release == 0 && a.grad_clip == 1.0f &&
+           a.steps == 9 && a.B == 16 && a.T == 1024 && a.lr == 6e-4f, "GPU defaults with -r 8bit");
+    parse_args(1, (char **)gpu_flags, &a, given);
+    apply_gpu_defaults(&a, given);
+    EXPECT(strcmp(a.recipe, "flash") == 0 && a.release == 1 && a.grad_clip == 0.0f, "GPU defaults: flash + release");
+    // Gradient release is the GPU's, for flash, without clipping; a CPU-only build has no GPU.
+    tiny_args(&a, "flash", "adamw", 3);
+    a.release = 1;
+    a.device = 1;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "GPU only"), "release on the CPU: '%s'", train_error_text);
+    if (!gpu_available()) {
+        tiny_args(&a, "8bit", "adamw", 3);
+        a.device = 2;
+        EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "GPU"), "-D gpu without one: '%s'", train_error_text);
+    }
     tiny_args(&a, "flash", "adamw", 3);
     EXPECT(train_run(&a, NULL) == 0, "flash: '%s'", train_error_text);
     tiny_args(&a, "8bit", "adamw", 3);

@@ -1,0 +1,201 @@
+/*
+test_train_gpu.c — the trainer on the GPU (train_gpt2_8bit.c built with -DTRAIN_CUDA) against the
+same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test (test_gpt2_cuda.cu).
+
+  parity   fp32 recipe, one SGD step: loss and every tensor's update (W1 - W0) on the GPU within
+           1e-4 relative of the CPU's (SGD: the update is the gradient, so this checks the gradients;
+           Adam's first step is sign(g) and would turn rounding noise into full-size differences);
+  bf16     the flash recipe (bf16 model on the GPU, fp32 compute on the CPU): every loss of 20 steps
+           within 1% of the CPU's;
+  release  flash with gradient release equals flash without it bit for bit (clipping off): the
+           per-layer slices are stepped inside backward with the same per-element math;
+  resume   stop at step 3, resume to 6: bit-identical to a run that never stopped, for fp32, 8bit,
+           flash and flash + release;
+  memory   d12 (-w 0, B=16, T=1024): persistent bytes per parameter 16, 10.031, 7.125, 5.125 for fp32,
+           8bit, flash, flash + release, and the device memory measured by cudaMemGetInfo within 5%
+           of the computed total; tokens/s printed (measured, not asserted).
+
+Data: the embedded fortunes files. The last line is "N passed, M failed"; exit status 1 on failure.
+*/
+#define TRAIN_NO_MAIN
+#pragma GCC diagnostic ignored "-Wunused-function"   // the trainer's main-only helpers
+#include "../train_gpt2_8bit.c"
+#include "test.h"
+
+static int failures, passes;
+#define CHECK(cond, ...) do { if (cond) passes++; else { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+    printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+static const char *scratch = "build/test_train_gpu.tmp";
+
+static void small_args(TrainArgs *a, const char *recipe, const char *optimizer, int64_t steps, int device) {
+    train_args_default(a);
+    a->model = "d2c64h2";           // GPT-2's vocabulary: the fortunes tokens as they are
+    a->val_path = ""; a->tokenizer_path = "";
+    a->B = 4; a->T = 64; a->steps = steps; a->warmup = 2;
+    a->recipe = recipe; a->optimizer = optimizer; a->device = device;
+    a->stable_embedding = 0;
+    a->eval_every = 0; a->gen_tokens = 0; a->verbose = 0;
+}
+
+static int64_t num_params(const char *desc) {
+    GPT2Config c;
+    if (config_from_descriptor(&c, desc)) return -1;
+    c.stable_embedding = 0;
+    int64_t s[NUM_PARAM_TENSORS], n = 0;
+    param_sizes_of(&c, s);
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += s[i];
+    return n;
+}
+
+static int run(TrainArgs *a, float *losses, float *params, int64_t n, TrainResult *r) {
+    TrainResult local = {0};
+    if (!r) r = &local;
+    memset(r, 0, sizeof *r);
+    r->losses = losses;
+    r->final_params = params;
+    r->final_params_count = n;
+    int s = train_run(a, r);
+    if (s) printf("  train_run (%s, %s, %s): %s\n", a->recipe, a->device == 2 ? "GPU" : "CPU",
+                  a->release ? "release" : "no release", train_error_text);
+    return s;
+}
+
+static void test_parity_fp32(void) {
+    int64_t n = num_params("d2c64h2");
+    float *w0 = malloc(4 * (size_t)n), *cpu = malloc(4 * (size_t)n), *gpu = malloc(4 * (size_t)n);
+    float lc[1], lg[1];
+    TrainArgs a;
+    GPT2 m0;
+    GPT2Config c;
+    config_from_descriptor(&c, "d2c64h2");
+    c.stable_embedding = 0;
+    small_args(&a, "fp32", "sgd", 1, 1);
+    int ok = w0 && cpu && gpu && gpt2_init_random(&m0, &c, a.seed) == 0;
+    if (ok) { memcpy(w0, m0.params_memory, 4 * (size_t)n); gpt2_free(&m0); }
+    memset(gpu, 0xff, 4 * (size_t)n);   // poison: NaN unless written
+    ok = ok && run(&a, lc, cpu, n, NULL) == 0;
+    a.device = 2;
+    ok = ok && run(&a, lg, gpu, n, NULL) == 0;
+    CHECK(ok, "parity runs");
+    if (ok) {
+        CHECK(fabsf(lg[0] - lc[0]) <= 1e-4f * fabsf(lc[0]), "loss GPU %.7f CPU %.7f", (double)lg[0], (double)lc[0]);
+        int64_t sizes[NUM_PARAM_TENSORS], off = 0;
+        param_sizes_of(&c, sizes);
+        double worst = 0.0;
+        for (int i = 0; i < NUM_PARAM_TENSORS; off += sizes[i], i++) {
+            if (!sizes[i]) continue;
+            double dmax = 0.0, emax = 0.0;
+            for (int64_t j = off; j < off + sizes[i]; j++) {
+                double dc = (double)cpu[j] - w0[j], dg = (double)gpu[j] - w0[j];
+                dmax = fmax(dmax, fabs(dc));
+                emax = isfinite(dg) ? fmax(emax, fabs(dg - dc)) : INFINITY;
+            }
+            double rel = dmax > 0.0 ? emax / dmax : emax;
+            worst = fmax(worst, rel);
+            CHECK(rel <= 1e-4, "tensor %s: update differs by %.3g of its largest (bar 1e-4)", param_names[i], rel);
+        }
+        printf("  parity: fp32 SGD step, loss %.6f vs %.6f, worst tensor update difference %.2e (bar 1e-4)\n",
+               (double)lg[0], (double)lc[0], worst);
+    }
+    free(w0); free(cpu); free(gpu);
+}
+
+static void test_bf16_losses(void) {
+    float lc[20], lg[20];
+    TrainArgs a;
+    small_args(&a, "flash", "adamw", 20, 1);
+    int ok = run(&a, lc, NULL, 0, NULL) == 0;
+    a.device = 2;
+    ok = ok && run(&a, lg, NULL, 0, NULL) == 0;
+    CHECK(ok, "bf16 runs");
+    if (!ok) return;
+    double worst = 0.0;
+    for (int s = 0; s < 20; s++) worst = fmax(worst, fabs((double)lg[s] - lc[s]) / lc[s]);
+    CHECK(worst <= 0.01, "flash: a GPU loss differs from the CPU's by %.3f%% (bar 1%%)", 100 * worst);
+    printf("  bf16: flash on the GPU (bf16 model) vs the CPU, 20 steps: loss %.4f -> %.4f vs %.4f -> %.4f, worst gap %.3f%%\n",
+           (double)lg[0], (double)lg[19], (double)lc[0], (double)lc[19], 100 * worst);
+}
+
+static void test_release_equal(void) {
+    int64_t n = num_params("d2c64h2");
+    float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n), l0[5], l1[5];
+    TrainArgs a;
+    small_args(&a, "flash", "adamw", 5, 2);
+    a.grad_clip = 0.0f;
+    int ok = p0 && p1 && run(&a, l0, p0, n, NULL) == 0;
+    a.release = 1;
+    ok = ok && run(&a, l1, p1, n, NULL) == 0;
+    CHECK(ok, "release runs");
+    if (ok) {
+        CHECK(memcmp(l0, l1, sizeof l0) == 0, "release: losses differ");
+        CHECK(memcmp(p0, p1, 4 * (size_t)n) == 0, "release: the masters after 5 steps differ from the run without release");
+        printf("  release: flash with gradient release = flash without, 5 steps: %s\n",
+               memcmp(p0, p1, 4 * (size_t)n) == 0 ? "bit-identical" : "DIFFERENT");
+    }
+    free(p0); free(p1);
+}
+
+static void test_resume(void) {
+    const char *recipes_[] = {"fp32", "8bit", "flash", "flash"};
+    int64_t n = num_params("d2c64h2");
+    float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n);
+    for (int k = 0; k < 4 && p0 && p1; k++) {
+        float l0[6], l1[6];
+        TrainArgs a;
+        small_args(&a, recipes_[k], "adamw", 6, 2);
+        if (k == 3) { a.release = 1; a.grad_clip = 0.0f; }
+        test_remove_tree(scratch, 1);
+        a.out_dir = scratch;
+        int ok = run(&a, l0, p0, n, NULL) == 0;
+        test_remove_tree(scratch, 1);
+        memset(l1, 0, sizeof l1);
+        a.stop_after = 3;
+        ok = ok && run(&a, l1, NULL, 0, NULL) == 0;
+        a.stop_after = 0; a.resume = 1;
+        memset(p1, 0xff, 4 * (size_t)n);
+        ok = ok && run(&a, l1, p1, n, NULL) == 0;
+        CHECK(ok, "resume runs (%s)", recipes_[k]);
+        if (!ok) continue;
+        int same = memcmp(l0, l1, sizeof l0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0;
+        CHECK(same, "%s%s: stop at 3 + resume to 6 differs from 6 straight steps", recipes_[k], k == 3 ? " + release" : "");
+        printf("  resume: %s%s, stop at step 3 and resume to 6: %s\n", recipes_[k], k == 3 ? " + release" : "",
+               same ? "bit-identical" : "DIFFERENT");
+    }
+    test_remove_tree(scratch, 1);
+    free(p0); free(p1);
+}
+
+static void test_memory_d12(void) {
+    const char *recipes_[] = {"fp32", "8bit", "flash", "flash"};
+    const double expected[] = {16.0, 10.031, 7.125, 5.125};
+    for (int k = 0; k < 4; k++) {
+        TrainArgs a;
+        small_args(&a, recipes_[k], "adamw", 12, 2);
+        a.model = "d12"; a.B = 16; a.T = 1024;
+        if (k == 3) { a.release = 1; a.grad_clip = 0.0f; }
+        TrainResult r;
+        if (run(&a, NULL, NULL, 0, &r)) { CHECK(0, "d12 %s", recipes_[k]); continue; }
+        bnb8_memory m = r.memory;
+        double bpp = (m.weights + m.correction + m.gradients + m.states) / (double)m.params;
+        CHECK(fabs(bpp - expected[k]) < 0.0005, "d12 %s%s: %.4f bytes per parameter, expected %.3f", recipes_[k],
+              k == 3 ? " + release" : "", bpp, expected[k]);
+        double gap = (r.gpu_measured - r.gpu_computed) / r.gpu_computed;
+        CHECK(fabs(gap) <= 0.05, "d12 %s: measured device memory %.3f GB vs computed %.3f GB (%+.1f%%, bar 5%%)",
+              recipes_[k], r.gpu_measured / 1e9, r.gpu_computed / 1e9, 100 * gap);
+        printf("  d12 B=16 T=1024 %-15s %7.3f bytes/param, device memory computed %6.2f GB, measured %6.2f GB (%+.1f%%), "
+               "%8.0f tokens/s, loss %.3f -> %.3f\n", k == 3 ? "flash + release" : recipes_[k], bpp, r.gpu_computed / 1e9,
+               r.gpu_measured / 1e9, 100 * gap, r.tokens_per_second, (double)r.first_loss, (double)r.last_loss);
+    }
+}
+
+int main(void) {
+    if (!gpu_available()) { printf("test_train_gpu: no GPU found (%s)\n0 passed, 1 failed\n", gpt2_cuda_last_error()); return 1; }
+    test_parity_fp32();
+    test_bf16_losses();
+    test_release_equal();
+    test_resume();
+    test_memory_d12();
+    printf("%d passed, %d failed\n", passes, failures);
+    return failures ? 1 : 0;
+}
