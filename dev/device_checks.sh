@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Everything a GPU session checks, in one call, most important first (a device session is short and
+# may end early): the GPU trainer against the CPU trainer, the model's own test, a 7B model for 10
+# steps with flash + gradient release, the kernels' parity, their speed with the peers.
+#
+#   bash dev/device_checks.sh                 # builds with make (the GPU's own architecture), runs all
+#   BIN=build/run bash dev/device_checks.sh   # runs binaries built elsewhere (e.g. here with
+#                                             # make BUILD=build/run NVCC_ARCH=-arch=sm_90 ..., carried)
+#   CHECKS="trainer d72" bash dev/device_checks.sh   # some of them
+#
+# Logs go to $OUT (the device tool's output folder) or build/device_checks; a table of exit codes
+# and times at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/device_checks}
+CHECKS=${CHECKS:-"trainer model d72 kernels bench"}
+mkdir -p "$OUT"
+if [ -z "${BIN:-}" ]; then
+    BIN=build
+    make -j"$(nproc)" build/test_train_gpu build/test_gpt2_cuda build/train_gpt2_8bit_cuda build/test_gpu build/bench_gpu \
+        > "$OUT/make.log" 2>&1 || { tail -n 30 "$OUT/make.log"; exit 1; }
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
+
+summary=""
+check() {   # check NAME COMMAND...: runs it, keeps its log, prints its tail
+    local name=$1 t0=$SECONDS rc
+    shift
+    echo "=== $name: $*"
+    "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    tail -n 25 "$OUT/$name.log"
+    summary+=$(printf '%-8s exit %3d  %5d s  %s' "$name" "$rc" $((SECONDS - t0)) "$OUT/$name.log")$'\n'
+}
+for c in $CHECKS; do
+    case $c in
+    trainer) check trainer "$BIN/test_train_gpu" ;;
+    model)   check model "$BIN/test_gpt2_cuda" ;;
+    # GPT-2 7B (d72, 7.3e9 parameters): flash + release, B=1, T=1024; the report gives the peak memory
+    d72)     check d72 "$BIN/train_gpt2_8bit_cuda" -e d72 -b 1 -t 1024 -n 10 -v 0 -G 0 -u 2 -l 3e-4 -w 0 ;;
+    kernels) check kernels "$BIN/test_gpu" ;;
+    bench)   check bench "$BIN/bench_gpu"
+             if python3 -c "import torch" 2>/dev/null; then
+                 check peers env PYTHONPATH="$PWD/.whl/site" python3 dev/bench/peers/bench_peers.py
+             fi ;;
+    *)       echo "unknown check '$c' (trainer model d72 kernels bench)"; exit 2 ;;
+    esac
+done
+echo "=== summary"
+printf '%s' "$summary"
