@@ -56,8 +56,12 @@ size_t bnb8_dtype_size(bnb8_dtype dtype) {
     return 0;
 }
 
+static int bnb8_blocksize_ok(int64_t blocksize) {
+    return blocksize >= 64 && blocksize <= 4096 && (blocksize & (blocksize - 1)) == 0;
+}
+
 static int bnb8_check_blocksize(const char *fn, int64_t blocksize) {
-    if (blocksize < 64 || blocksize > 4096 || (blocksize & (blocksize - 1)))
+    if (!bnb8_blocksize_ok(blocksize))
         return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld", fn, (long long)blocksize);
     return BNB8_OK;
 }
@@ -383,10 +387,12 @@ typedef struct {
     int on_gpu;
     bnb8_config cfg;            // the base configuration or this tensor's override
     bnb8_state_format format;   // 8-bit or flash only from cfg.min_8bit_size elements on
+    int64_t block;              // elements per absmax of 8-bit states: cfg.blocksize, or n for blocksize 0
     int nstates;
     int64_t step;
     void *state[3];             // (n) floats, or (n) codes, per state
-    float *absmax[3];           // (ceil(n / blocksize)) per 8-bit state
+    float *absmax[3];           // (ceil(n / block)) per 8-bit state
+    const float *code[3];       // 8-bit: each state's map (in the optimizer's code[map][is_signed])
     void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash state
     bnb8_dtype scale_dtype;
     int correction_bytes;       // bf16/fp16 weights of a flash configuration: 1 or 2 (cfg), else 0
@@ -403,8 +409,8 @@ struct bnb8_optimizer {
     bnb8_tensor *tensors;       // stb_ds array
     int64_t nonfinite;          // non-finite gradient elements since the last take
     void *gpu_context;          // bnb8_cuda.cu's device scratch, made on the first GPU step
-    float code[2][256];         // [0] unsigned, [1] signed dynamic map
-    bnb8_codebook books[2];     // their thresholds and lookup tables
+    float code[BNB8_NUM_MAPS][2][256];          // [map][is_signed]: the maps of 8-bit states
+    bnb8_codebook books[BNB8_NUM_MAPS][2];      // their thresholds and lookup tables
 };
 
 // The GPU path lives in bnb8_cuda.cu. Built with -DBNB8_CUDA, bnb8.c needs it; without, weak
@@ -469,7 +475,19 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: scale_dtype %d is not f32, f16 or bf16", fn, (int)c->scale_dtype);
     if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3 and min_8bit_size must be >= 0", fn);
-    return bnb8_check_blocksize(fn, c->blocksize);
+    if ((int)c->map < 0 || c->map >= BNB8_NUM_MAPS)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: unknown map %d (0 dynamic, 1 linear)", fn, (int)c->map);
+    if (c->blocksize != 0 && !bnb8_blocksize_ok(c->blocksize))
+        return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld is neither a power of two in 64..4096 nor 0 (one "
+                         "absmax per tensor)", fn, (long long)c->blocksize);
+    // Flash states have their own companded codes and a scale per group of 32: asking them for a
+    // map or for one absmax per tensor is a mistake, not a no-op.
+    if (c->format == BNB8_STATE_FLASH && c->map != BNB8_MAP_DYNAMIC)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: map %d is for the 8-bit format; flash states have companded codes", fn, (int)c->map);
+    if (c->format == BNB8_STATE_FLASH && c->blocksize == 0)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: blocksize 0 (one absmax per tensor) is for the 8-bit format; flash states "
+                         "have a scale per group of 32", fn);
+    return BNB8_OK;
 }
 
 int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg) {
@@ -486,8 +504,9 @@ int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_conf
     o->cfg = c;
     sh_new_strdup(o->overrides);
     for (int is_signed = 0; is_signed < 2; is_signed++) {
-        bnb8_map_dynamic(o->code[is_signed], is_signed);
-        bnb8_codebook_init(&o->books[is_signed], o->code[is_signed]);
+        bnb8_map_dynamic(o->code[BNB8_MAP_DYNAMIC][is_signed], is_signed);
+        bnb8_map_linear(o->code[BNB8_MAP_LINEAR][is_signed], is_signed);
+        for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed]);
     }
     *opt = o;
     return BNB8_OK;
@@ -523,7 +542,7 @@ static int64_t bnb8_block_count(int64_t n, int64_t blocksize) { return (n + bloc
 // a scale per group of 32 (flash); plus the weights' correction (n int8 or int16).
 static size_t bnb8_state_bytes(const bnb8_tensor *t) {
     size_t per_state = t->format == BNB8_STATE_8BIT
-        ? (size_t)t->n + sizeof(float) * (size_t)bnb8_block_count(t->n, t->cfg.blocksize)
+        ? (size_t)t->n + sizeof(float) * (size_t)bnb8_block_count(t->n, t->block)
         : t->format == BNB8_STATE_FLASH
         ? (size_t)t->n + bnb8_dtype_size(t->scale_dtype) * (size_t)bnb8_block_count(t->n, BNB8_FLASH_GROUP)
         : sizeof(float) * (size_t)t->n;
@@ -535,7 +554,7 @@ static size_t bnb8_state_bytes(const bnb8_tensor *t) {
 // aligned: history, absmax (8-bit) or scales (flash), 32-bit states, the correction, byte codes.
 static void bnb8_layout_states(bnb8_tensor *t) {
     uint8_t *p = (uint8_t *)t->memory;
-    int64_t nblocks = bnb8_block_count(t->n, t->cfg.blocksize), ngroups = bnb8_block_count(t->n, BNB8_FLASH_GROUP);
+    int64_t nblocks = bnb8_block_count(t->n, t->block), ngroups = bnb8_block_count(t->n, BNB8_FLASH_GROUP);
     if (t->cfg.percentile_clipping < 100) { t->gnorm_history = (float *)p; p += 100 * sizeof(float); }
     for (int k = 0; k < t->nstates; k++) {
         if (t->format == BNB8_STATE_8BIT) { t->absmax[k] = (float *)p; p += sizeof(float) * (size_t)nblocks; }
@@ -573,6 +592,16 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     ptrdiff_t o = shgeti(opt->overrides, name);
     t.cfg = o >= 0 ? opt->overrides[o].value : opt->cfg;
     t.format = t.cfg.format != BNB8_STATE_32BIT && n >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
+    t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
+    for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
+    // The GPU steps every tensor of a launch with one pair of maps (the optimizer's) and needs each
+    // block's absmax within one pass: a per-tensor absmax needs the CPU's two passes.
+    if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.blocksize == 0)
+        return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: '%s' is GPU memory: blocksize 0 (one absmax per tensor) is "
+                         "CPU-only for now", fn, name);
+    if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.map != opt->cfg.map)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is GPU memory: its map must be the optimizer's (a per-tensor "
+                         "map is CPU-only for now)", fn, name);
     t.nstates = bnb8_state_count(opt->kind, t.cfg.momentum);
     t.scale_dtype = t.cfg.scale_dtype;
     if (t.cfg.format == BNB8_STATE_FLASH && param_dtype != BNB8_F32) t.correction_bytes = t.cfg.correction_bytes;
@@ -587,7 +616,7 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     // Zeroed memory is the all-zero state once the codes of signed 8-bit states say zero.
     if (t.format == BNB8_STATE_8BIT) {
         for (int k = 0; k < t.nstates; k++) {
-            int zero_code = bnb8_state_signed(opt->kind, k) ? 127 : 0;
+            int zero_code = bnb8_zero_code(bnb8_state_signed(opt->kind, k));
             if (!zero_code) continue;
             if (t.on_gpu) {
                 uint8_t *codes = (uint8_t *)malloc((size_t)n);
@@ -748,24 +777,23 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
 }
 
 // The states of element i, read from either format.
-static void bnb8_load_states(const bnb8_optimizer *opt, const bnb8_tensor *t, int64_t i, float s[3]) {
+static void bnb8_load_states(const bnb8_tensor *t, int64_t i, float s[3]) {
     for (int k = 0; k < t->nstates; k++) {
         if (t->format == BNB8_STATE_32BIT) s[k] = ((const float *)t->state[k])[i];
-        else s[k] = opt->code[bnb8_state_signed(opt->kind, k)][((const uint8_t *)t->state[k])[i]] *
-                    t->absmax[k][i / t->cfg.blocksize];
+        else s[k] = t->code[k][((const uint8_t *)t->state[k])[i]] * t->absmax[k][i / t->block];
     }
 }
 
 // LAMB / LARS: squared norms of the parameter and of the update this step would make (the states
 // are read, not written), summed in double.
-static float bnb8_trust_cpu(const bnb8_optimizer *opt, const bnb8_tensor *t, const bnb8_step_args *a) {
+static float bnb8_trust_cpu(const bnb8_tensor *t, const bnb8_step_args *a) {
     double p2 = 0.0, u2 = 0.0;
     #pragma omp parallel for schedule(static) reduction(+:p2, u2)
     for (int64_t i = 0; i < t->n; i++) {
         float p = bnb8_load(t->param, t->param_dtype, i), g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
         p2 += (double)p * p;
         if (!bnb8_isfinite(g)) continue;
-        bnb8_load_states(opt, t, i, s);
+        bnb8_load_states(t, i, s);
         float u = bnb8_direction(a, p, g, s);
         u2 += (double)u * u;
     }
@@ -810,6 +838,79 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
     opt->nonfinite += bad;
 }
 
+// Elements [start, end) of a step (at most 4096): each element's master and states updated in
+// float32. With store, the new weights are written (a non-finite gradient's element keeps its
+// weight and states, and is counted in *bad) and 32-bit states too; 8-bit states go to fresh[k]
+// (the element at start first). Either way amax[k] grows to the largest |fresh state|. Without
+// store nothing is written: pass 1 of a per-tensor absmax.
+static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust,
+                            int64_t start, int64_t end, int store, float fresh[3][4096], float amax[3], int64_t *bad) {
+    float m[3] = {amax[0], amax[1], amax[2]};   // locals: stores through t's arrays cannot alias them
+    int64_t skipped = 0;
+    for (int64_t i = start; i < end; i++) {
+        float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
+        float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+        bnb8_load_states(t, i, s);
+        if (bnb8_isfinite(g)) {
+            float u = bnb8_direction(a, p, g, s);
+            if (store) bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i,
+                                         bnb8_apply(a, p, u, trust));
+        } else {
+            skipped++;
+        }
+        for (int k = 0; k < t->nstates; k++) {
+            if (t->format == BNB8_STATE_32BIT) { if (store) ((float *)t->state[k])[i] = s[k]; continue; }
+            if (store) fresh[k][i - start] = s[k];
+            m[k] = fmaxf(m[k], fabsf(s[k]));
+        }
+    }
+    for (int k = 0; k < 3; k++) amax[k] = m[k];
+    if (store) *bad += skipped;
+}
+
+// The codes of count fresh values v of state k under absmax amax (SPEC §5.2 items 4, 5): without
+// dividing where the lookup table allows, else with the exact division.
+static void bnb8_requantize(const bnb8_optimizer *opt, const bnb8_tensor *t, int k, const float *v, int64_t count,
+                            float amax, uint8_t *codes) {
+    int is_signed = bnb8_state_signed(opt->kind, k), zero_code = bnb8_zero_code(is_signed);
+    const bnb8_codebook *book = &opt->books[t->cfg.map][is_signed];
+    float r = bnb8_reciprocal(amax);
+    for (int64_t i = 0; i < count; i++) {
+        int c = zero_code, exact = 0;
+        if (amax > 0.0f) c = bnb8_quantize_value_near(book, zero_code, v[i], r, &exact);
+        codes[i] = (uint8_t)(exact ? bnb8_quantize_value(book, zero_code, v[i], amax) : c);
+    }
+}
+
+// 8-bit states with one absmax per tensor (blocksize 0): the codes need the new absmax of the whole
+// tensor. Pass 1 computes every fresh state and keeps only their max; pass 2 computes the same
+// floats again (nothing was written in between) and stores weights and codes; then the absmax.
+// fmaxf is exact in any order, so the result does not depend on the number of threads.
+static int64_t bnb8_step_per_tensor_cpu(const bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_step_args *a, float trust) {
+    const int64_t chunk = 4096, nchunks = bnb8_block_count(t->n, chunk);
+    float amax[3] = {0.0f, 0.0f, 0.0f};
+    int64_t bad = 0;
+    #pragma omp parallel
+    {
+        float mine[3] = {0.0f, 0.0f, 0.0f};
+        #pragma omp for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++)
+            bnb8_step_range(t, a, trust, c * chunk, c * chunk + chunk < t->n ? c * chunk + chunk : t->n, 0, NULL, mine, NULL);
+        #pragma omp critical
+        for (int k = 0; k < t->nstates; k++) amax[k] = fmaxf(amax[k], mine[k]);
+    }
+    #pragma omp parallel for schedule(static) reduction(+:bad)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t start = c * chunk, end = start + chunk < t->n ? start + chunk : t->n;
+        float fresh[3][4096], unused[3] = {0.0f, 0.0f, 0.0f};
+        bnb8_step_range(t, a, trust, start, end, 1, fresh, unused, &bad);
+        for (int k = 0; k < t->nstates; k++)
+            bnb8_requantize(opt, t, k, fresh[k], end - start, amax[k], (uint8_t *)t->state[k] + start);
+    }
+    for (int k = 0; k < t->nstates; k++) t->absmax[k][0] = amax[k];
+    return bad;
+}
+
 // One step of one CPU tensor. 32-bit states are updated in place; 8-bit states block by block:
 // dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
@@ -825,43 +926,19 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
     }
     bnb8_step_args a = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
     if (t->format == BNB8_STATE_FLASH) { bnb8_step_flash_cpu(opt, t, &a); return; }
-    float trust = (opt->kind == BNB8_LAMB || opt->kind == BNB8_LARS) ? bnb8_trust_cpu(opt, t, &a) : 1.0f;
-    int64_t blocksize = t->format == BNB8_STATE_8BIT ? t->cfg.blocksize : 4096;
+    float trust = (opt->kind == BNB8_LAMB || opt->kind == BNB8_LARS) ? bnb8_trust_cpu(t, &a) : 1.0f;
+    if (t->format == BNB8_STATE_8BIT && t->cfg.blocksize == 0) { opt->nonfinite += bnb8_step_per_tensor_cpu(opt, t, &a, trust); return; }
+    int64_t blocksize = t->format == BNB8_STATE_8BIT ? t->block : 4096;
     int64_t nblocks = bnb8_block_count(t->n, blocksize), bad = 0;
     #pragma omp parallel for schedule(static) reduction(+:bad)
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t start = b * blocksize, end = start + blocksize < t->n ? start + blocksize : t->n;
         float fresh[3][4096], amax[3] = {0.0f, 0.0f, 0.0f};
-        for (int64_t i = start; i < end; i++) {
-            float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
-            float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
-            bnb8_load_states(opt, t, i, s);
-            if (bnb8_isfinite(g)) {
-                float u = bnb8_direction(&a, p, g, s);
-                bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i,
-                                  bnb8_apply(&a, p, u, trust));
-            } else {
-                bad++;               // the element keeps its parameter and its states
-            }
-            for (int k = 0; k < t->nstates; k++) {
-                if (t->format == BNB8_STATE_32BIT) { ((float *)t->state[k])[i] = s[k]; continue; }
-                fresh[k][i - start] = s[k];
-                amax[k] = fmaxf(amax[k], fabsf(s[k]));
-            }
-        }
+        bnb8_step_range(t, &a, trust, start, end, 1, fresh, amax, &bad);
         if (t->format == BNB8_STATE_32BIT) continue;
         for (int k = 0; k < t->nstates; k++) {
-            int is_signed = bnb8_state_signed(opt->kind, k), zero_code = is_signed ? 127 : 0;
-            uint8_t *codes = (uint8_t *)t->state[k];
-            const bnb8_codebook *book = &opt->books[is_signed];
-            float r = bnb8_reciprocal(amax[k]);
             t->absmax[k][b] = amax[k];
-            for (int64_t i = start; i < end; i++) {
-                float v = fresh[k][i - start];
-                int c = zero_code, exact = 0;
-                if (amax[k] > 0.0f) c = bnb8_quantize_value_near(book, zero_code, v, r, &exact);
-                codes[i] = (uint8_t)(exact ? bnb8_quantize_value(book, zero_code, v, amax[k]) : c);
-            }
+            bnb8_requantize(opt, t, k, fresh[k], end - start, amax[k], (uint8_t *)t->state[k] + start);
         }
     }
     opt->nonfinite += bad;
@@ -896,7 +973,8 @@ static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float l
         g->correction = t->correction;
         for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
     }
-    int status = bnb8_cuda_step(&opt->gpu_context, d, m, opt->code[0], opt->code[1], stream);
+    float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
+    int status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], stream);
     free(d);
     return status;
 }
@@ -942,10 +1020,12 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 //               the exact weights it corrects, and import_fp32(export_fp32(w)) is not always w);
 //               u32 CRC-32 of the record
 //   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash); bits 8..15 the scale dtype
-//           of flash states; bits 16..23 the correction bytes and bits 24..31 the weights' dtype
-//           of corrected weights. Block size: the 8-bit block size, 32 for flash states.
-// 32-bit and 8-bit records are unchanged since the first files, so the version stays 1: a reader
-// without flash refuses a flash record by its format, and every reader reads the others.
+//           of flash states, the map of 8-bit states (0 dynamic, 1 linear); bits 16..23 the
+//           correction bytes and bits 24..31 the weights' dtype of corrected weights. Block size:
+//           the 8-bit block size (0: one absmax per tensor), 32 for flash states.
+// Records of 32-bit states and of dynamic-map 8-bit states in blocks are unchanged since the first
+// files, so the version stays 1: an older reader refuses a flash, linear-map or per-tensor record
+// by its format or block size, and every reader reads the others.
 
 #define BNB8_STATE_MAGIC "BNB8OPT"
 #define BNB8_STATE_VERSION 1u
@@ -953,8 +1033,12 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 static uint32_t bnb8_record_format(const bnb8_tensor *t) {
     uint32_t f = (uint32_t)t->format;
     if (t->format == BNB8_STATE_FLASH) f |= (uint32_t)t->scale_dtype << 8;
+    if (t->format == BNB8_STATE_8BIT) f |= (uint32_t)t->cfg.map << 8;
     if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16 | (uint32_t)t->param_dtype << 24;
     return f;
+}
+static const char *bnb8_map_name(uint32_t map) {
+    return map == BNB8_MAP_DYNAMIC ? "dynamic" : map == BNB8_MAP_LINEAR ? "linear" : "unknown";
 }
 static int64_t bnb8_record_block(const bnb8_tensor *t) {
     return t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : t->cfg.blocksize;
@@ -1100,6 +1184,16 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
         size_t want_bytes = t->memory_bytes + bnb8_record_weight_bytes(t);
+        uint32_t map = format >> 8;   // of an 8-bit record (nothing else lies above its format byte)
+        if (t->format == BNB8_STATE_8BIT && (format & 0xffu) == BNB8_STATE_8BIT &&
+            (map != (uint32_t)t->cfg.map || blocksize != t->cfg.blocksize)) {
+            // 8-bit states of another map or block size: say so, not just that the fields differ.
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved with the %s map and block size %lld; this "
+                               "optimizer has the %s map and block size %lld (0: one absmax per tensor)", fn, path, name,
+                               bnb8_map_name(map), (long long)blocksize, bnb8_map_name((uint32_t)t->cfg.map),
+                               (long long)t->cfg.blocksize);
+            break;
+        }
         if (n != t->n || format != bnb8_record_format(t) || nstates != (uint32_t)t->nstates ||
             (t->format != BNB8_STATE_32BIT && blocksize != bnb8_record_block(t)) || bytes != want_bytes) {
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has n %lld, format 0x%x, %u states, block %lld, %llu bytes; "

@@ -110,6 +110,10 @@ typedef enum {
 // master. Tensors under min_8bit_size keep 32-bit states (flash ones keep their correction).
 typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2 } bnb8_state_format;
 
+// The maps of 8-bit states: dynamic (the paper's, bnb8_map_dynamic) or linear (bnb8_map_linear, the
+// paper's ablation). Signed states take the signed map, non-negative ones (Adam's v) the unsigned.
+typedef enum { BNB8_MAP_DYNAMIC = 0, BNB8_MAP_LINEAR = 1, BNB8_NUM_MAPS } bnb8_map;
+
 typedef struct {
     float lr;                    // base learning rate; each step passes the scheduled one
     float beta1, beta2, beta3;   // moment decays (beta3: AdEMAMix's slow EMA)
@@ -121,7 +125,10 @@ typedef struct {
     float max_unorm;             // LAMB / LARS trust bound (0 = off)
     int percentile_clipping;     // 1..99: clip g at that percentile of the last 100 norms; 100 = off
     bnb8_state_format format;    // 32-bit, 8-bit block-wise or flash (companded) states
-    int64_t blocksize;           // 8-bit block size: a power of two, 64..4096 (default 256)
+    int64_t blocksize;           // 8-bit block size: a power of two, 64..4096 (default 256), or 0: one
+                                 // absmax per tensor (the paper's "no blocks" ablation; CPU tensors only)
+    bnb8_map map;                // 8-bit maps: BNB8_MAP_DYNAMIC (default, 0) or BNB8_MAP_LINEAR; a GPU tensor
+                                 // must keep the optimizer's (one map pair per launch)
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
     int correction_bytes;        // flash, bf16/fp16 weights: 0 = no correction, 1 = int8 (default), 2 = int16
     bnb8_dtype scale_dtype;      // flash: the group scales' type, BNB8_BF16 (default), BNB8_F16 or BNB8_F32
@@ -378,10 +385,16 @@ BNB8_HD int bnb8_nearest_code_near(const bnb8_codebook *cb, float q, int *exact)
     return (int)(j + (one & (lx > lt)));
 }
 
+// The code of exact zero in an optimizer's maps (SPEC §4): 127 signed, 0 unsigned; all-zero blocks
+// store it. Written out rather than nearest(0): the linear signed map holds 0 twice (127 and 128)
+// and its tie at 0 goes to the even 128; the dynamic maps give the same 127 and 0 either way.
+BNB8_HD int bnb8_zero_code(int is_signed) { return is_signed ? 127 : 0; }
+
 // Code of a state value s in a block of absmax a (a > 0). For signed maps (zero code z > 0) a
-// negative value never collapses to zero: it takes the code below z, so its sign survives.
+// negative value never decodes to zero or above: a code at or above z (z itself, or the linear
+// map's second zero when s / a underflows to -0) becomes z - 1, the largest negative code.
 BNB8_HD int bnb8_keep_sign(int q, int zero_code, float s) {
-    return q == zero_code && zero_code > 0 && s < 0.0f ? zero_code - 1 : q;
+    return q >= zero_code && zero_code > 0 && s < 0.0f ? zero_code - 1 : q;
 }
 BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s, float a) {
     return bnb8_keep_sign(bnb8_nearest_code_fast(cb, s / a), zero_code, s);

@@ -339,7 +339,7 @@ extern "C" int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_d
 // each chunk's tensor by binary search over first_chunk.
 
 typedef struct {
-    float code[2][256];          // [0] unsigned, [1] signed dynamic map
+    float code[2][256];          // [0] unsigned, [1] signed map of the optimizer (dynamic or linear)
     int64_t total_chunks;
     int count;
 } bnb8_step_header;
@@ -769,7 +769,7 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
     __syncthreads();
     bnb8_codebook_fill(&sm.books[0], sm.code[0]);
     bnb8_codebook_fill(&sm.books[1], sm.code[1]);
-    const int zero_unsigned = bnb8_nearest_code(sm.books[0].t, 0.0f), zero_signed = bnb8_nearest_code(sm.books[1].t, 0.0f);
+    const int zero_unsigned = bnb8_zero_code(0), zero_signed = bnb8_zero_code(1);   // not nearest(0): bnb8.h says why
     const int count = h->count;
     const int64_t total = h->total_chunks, per_block = (total + gridDim.x - 1) / gridDim.x;
     const int64_t begin = blockIdx.x * per_block, end = begin + per_block < total ? begin + per_block : total;

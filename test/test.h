@@ -45,6 +45,17 @@ void tests_flash(void);
 // The whole file at path (plus a terminating zero, for text) and its size; NULL if unreadable.
 uint8_t *test_slurp(const char *path, size_t *size);
 
+// CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state
+// files (SPEC §7) whose CRCs must still be right.
+static inline uint32_t test_crc32(const uint8_t *p, size_t len) {
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < len; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
 // Removes everything below dir, and dir itself when and_dir (the tests' and fuzzers' scratch).
 static inline void test_remove_tree(const char *dir, int and_dir) {
     DIR *d = opendir(dir);

@@ -366,6 +366,40 @@ static void test_optimizer_options(void) {
             worst = optimizer_parity(BNB8_ADAMW, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, gpt2, steps(100), &equal, "t0");
             EXPECT(gpt2.size() == 148 && worst == 0.0 && equal, "GPT-2 list format %d dtype %d differs (%g)", format, d, worst);
         }
+    // The linear map (the paper's ablation), every optimizer: the GPU steps with the optimizer's map
+    // and the zero code of bnb8_zero_code, as the CPU does ("t3" keeps 32-bit states).
+    for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++) {
+        cfg = bnb8_config_default((bnb8_optim)kind);
+        cfg.map = BNB8_MAP_LINEAR;
+        cfg.min_8bit_size = 0;
+        worst = optimizer_parity((bnb8_optim)kind, cfg, BNB8_F32, BNB8_F32, sizes, steps(30), &equal, "t3");
+        int norm_based = kind == BNB8_LAMB || kind == BNB8_LARS;
+        printf("    %-9s 8-bit linear map: %s\n", optimizer_names[kind], worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(norm_based ? worst <= 1e-5 : worst == 0.0 && equal, "%s linear map: params differ by %g rel, state files %s",
+               optimizer_names[kind], worst, equal ? "equal" : "differ");
+    }
+    // One absmax per tensor is CPU-only for now, and a GPU tensor keeps the optimizer's map: an
+    // 8-bit GPU tensor asking otherwise is refused when added; one under min_8bit_size is not.
+    void *dp, *dg;
+    CUDA_CHECK(cudaMalloc(&dp, 8192 * 4));
+    CUDA_CHECK(cudaMalloc(&dg, 8192 * 4));
+    bnb8_optimizer *o = NULL;
+    cfg = bnb8_config_default(BNB8_ADAMW);
+    cfg.blocksize = 0;
+    EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, &cfg) == 0, "create: %s", bnb8_last_error());
+    int status = bnb8_optimizer_add(o, "w", dp, BNB8_F32, dg, BNB8_F32, 8192, NULL);
+    EXPECT(status == BNB8_ERR_BLOCKSIZE && strstr(bnb8_last_error(), "CPU-only"), "blocksize 0 on the GPU: status %d (%s)",
+           status, bnb8_last_error());
+    EXPECT(bnb8_optimizer_add(o, "small", dp, BNB8_F32, dg, BNB8_F32, 100, NULL) == 0, "a 32-bit GPU tensor: %s", bnb8_last_error());
+    bnb8_optimizer_free(o);
+    bnb8_config lin = bnb8_config_default(BNB8_ADAMW);
+    lin.map = BNB8_MAP_LINEAR;
+    EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, NULL) == 0 && bnb8_optimizer_override(o, "w", &lin) == 0, "create");
+    status = bnb8_optimizer_add(o, "w", dp, BNB8_F32, dg, BNB8_F32, 8192, NULL);
+    EXPECT(status == BNB8_ERR_ARG, "a GPU tensor with its own map: status %d (%s)", status, bnb8_last_error());
+    bnb8_optimizer_free(o);
+    cudaFree(dp);
+    cudaFree(dg);
 }
 
 int main(void) {
@@ -385,7 +419,7 @@ int main(void) {
     run("quantize: bad arguments and host pointers are refused", test_bad_arguments);
     run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
     run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
-    run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch", test_optimizer_options);
+    run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }

@@ -17,8 +17,10 @@ Sections: 1. 32-bit optimizers over 20 steps; 2. 8-bit vs 32-bit free running (S
 the bars derived from it for every optimizer); 3. one 8-bit step at a time, the reference restarted
 from the library's dequantized states (checked_step; every optimizer, block size, dtype, and sign
 preservation); 4. non-finite gradients; 5. percentile clipping, max_unorm and per-name overrides,
-each against the reference and against a twin without the feature; 6. subset stepping. The state
-files, memory accounting, min_8bit_size and API misuse are in test_state.c.
+each against the reference and against a twin without the feature; 6. subset stepping; 7. the
+paper's ablations (linear map, one absmax per tensor): against the reference, exactly against a
+32-bit twin, and independent of the number of threads. The state files, memory accounting,
+min_8bit_size and API misuse are in test_state.c.
 */
 #define _POSIX_C_SOURCE 200809L   // mkdtemp
 #include "test.h"
@@ -26,6 +28,9 @@ files, memory accounting, min_8bit_size and API misuse are in test_state.c.
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define U32 0x1p-24        // float32 unit roundoff: one rounding changes a value by at most U32 of it
 #define ROUNDINGS 8.0      // roundings charged per state update (the §5.3 formulas have at most 7:
@@ -39,7 +44,8 @@ files, memory accounting, min_8bit_size and API misuse are in test_state.c.
 
 static int verbose;
 static char tmpdir[64];
-static float map_code[2][256], map_thresh[2][256];   // [is_signed]: the golden dynamic maps
+// [map][is_signed]: the golden dynamic maps, and the linear maps written here from SPEC §3
+static float map_code[BNB8_NUM_MAPS][2][256], map_thresh[BNB8_NUM_MAPS][2][256];
 
 // ------------------------------------------------------------------------------------------------
 // The double-precision reference of SPEC §5.3
@@ -283,7 +289,9 @@ static void tmp_path(char *path, size_t size, const char *name) { snprintf(path,
 // A tensor's states as the library holds them, parsed from its state file.
 typedef struct {
     int64_t n, step, blocksize, nblocks;
-    uint32_t format, nstates;
+    int64_t block;                // elements per absmax: the block size, or n for block size 0
+    uint32_t format, nstates;     // format: its low byte (bnb8_state_format)
+    uint32_t map;                 // 8-bit: the map (bits 8..15 of the format field)
     int has_history;
     float history[100];
     float *absmax[3];             // 8-bit: per block
@@ -317,7 +325,11 @@ static int snap_take(bnb8_optimizer *opt, snap *s, int count) {
         TAKE(&s[i].n, 8); TAKE(&s[i].format, 4); TAKE(&s[i].nstates, 4);
         TAKE(&s[i].blocksize, 8); TAKE(&s[i].step, 8); TAKE(&bytes, 8);
         if (!ok || s[i].nstates > 3 || at + bytes + 4 > size) { ok = 0; break; }
-        int64_t n = s[i].n, nb = s[i].format ? (n + s[i].blocksize - 1) / s[i].blocksize : 0;
+        s[i].map = s[i].format >> 8;
+        s[i].format &= 0xffu;
+        if (s[i].format > BNB8_STATE_8BIT || s[i].map >= BNB8_NUM_MAPS || s[i].blocksize < 0) { ok = 0; break; }
+        s[i].block = s[i].blocksize > 0 ? s[i].blocksize : s[i].n;
+        int64_t n = s[i].n, nb = s[i].format ? (n + s[i].block - 1) / s[i].block : 0;
         uint64_t per_state = s[i].format ? (uint64_t)n + 4u * (uint64_t)nb : 4u * (uint64_t)n;
         uint64_t history = bytes - per_state * s[i].nstates;
         s[i].nblocks = nb;
@@ -347,7 +359,7 @@ static int snap_take(bnb8_optimizer *opt, snap *s, int count) {
 // Element i of state k as a double: code[q] * absmax exactly, or the float.
 static double snap_value(const snap *s, bnb8_optim kind, int k, int64_t i) {
     if (s->format == BNB8_STATE_32BIT) return s->f32[k][i];
-    return (double)map_code[ref_signed(kind, k)][s->codes[k][i]] * (double)s->absmax[k][i / s->blocksize];
+    return (double)map_code[s->map][ref_signed(kind, k)][s->codes[k][i]] * (double)s->absmax[k][i / s->block];
 }
 
 // Starts a reference from the library's state: step count, history, dequantized states (their
@@ -364,14 +376,17 @@ static void ref_sync_states(ref_tensor *r, const snap *s) {
 
 // Nearest code by brute force over the 255 float32 thresholds t_k = (c_k + c_{k+1}) * 0.5f (SPEC
 // §3): the number strictly below x; exactly on t_k goes to the even index of (k, k+1). For signed
-// maps a negative value that lands on the zero code 127 takes 126 (SPEC §5.2).
-static int ref_code(int is_signed, double x, double s) {
+// maps a negative state s whose code decodes to zero (or above) takes the largest code below zero
+// instead (SPEC §5.2): 126 in the dynamic map (zero at 127) and in the linear one (zeros at 127, 128).
+static int ref_code(int map, int is_signed, double x, double s) {
+    const float *code = map_code[map][is_signed];
     int q = 0;
     for (int k = 0; k < 255; k++) {
-        double t = map_thresh[is_signed][k];
+        double t = map_thresh[map][is_signed][k];
         if (t < x || (t == x && (k & 1))) q++;
     }
-    if (is_signed && q == 127 && s < 0.0) q = 126;
+    if (is_signed && s < 0.0 && code[q] >= 0.0f)
+        for (q = 0; code[q + 1] < 0.0f; q++) {}
     return q;
 }
 
@@ -466,8 +481,9 @@ static void pair_check_states8(const pair *t, const snap *s, const char *label, 
            label, s->format, s->nstates);
     for (int k = 0; k < r->nstates && s->codes[k]; k++) {
         int is_signed = ref_signed(r->kind, k);
+        const float *code = map_code[s->map][is_signed], *thresh = map_thresh[s->map][is_signed];
         for (int64_t b = 0; b < s->nblocks; b++) {
-            int64_t start = b * s->blocksize, end = start + s->blocksize < t->n ? start + s->blocksize : t->n;
+            int64_t start = b * s->block, end = start + s->block < t->n ? start + s->block : t->n;
             double amax = 0.0, emax_at = 0.0;
             for (int64_t i = start; i < end; i++)
                 if (fabs(r->s[k][i]) > amax) { amax = fabs(r->s[k][i]); emax_at = r->e[k][i]; }
@@ -486,14 +502,15 @@ static void pair_check_states8(const pair *t, const snap *s, const char *label, 
                     continue;
                 }
                 double x = r->s[k][i] / amax;
-                int want = ref_code(is_signed, x, r->s[k][i]);
+                int want = ref_code(s->map, is_signed, x, r->s[k][i]);
                 if (q == want) continue;
-                int ok = 0;
-                if (abs(q - want) == 1) {
-                    int lo = q < want ? q : want;
-                    double ex = (r->e[k][i] + fabs(x) * eamax) / (amax - eamax) + 2.0 * U32 * fabs(x);
-                    ok = fabs(x - map_thresh[is_signed][lo]) <= ex || (is_signed && lo == 126 && fabs(r->s[k][i]) <= r->e[k][i]);
-                }
+                // One code apart next to the threshold between them; or a signed state zero within its
+                // rounding, whose float32 value may have the other sign: the largest negative code
+                // (126) against a code of zero (127; or 128, the linear map's second zero).
+                int lo = q < want ? q : want, hi = q < want ? want : q;
+                double ex = (r->e[k][i] + fabs(x) * eamax) / (amax - eamax) + 2.0 * U32 * fabs(x);
+                int ok = hi - lo == 1 && fabs(x - thresh[lo]) <= ex;
+                if (is_signed && lo == 126 && code[hi] == 0.0f && (fabs(r->s[k][i]) <= r->e[k][i] || fabs(x) <= ex)) ok = 1;
                 *near_threshold += ok;
                 if (!ok && test_failures() < 20)
                     EXPECT(0, "%s state %d [%lld]: code %d, reference %d (s %.9g, absmax %.9g)", label, k,
@@ -823,12 +840,63 @@ static void quiet_grad(pair *t, test_rng *rng, int warmup) {
     }
 }
 
-// Every optimizer, block sizes 64..4096, parameters f32 (f32 grads), bf16 (bf16 grads), f16 (f32
-// grads), sizes 3 blocks + 37, one block - 5, 2 blocks + 1; three warm-up steps make the states
-// non-trivial, then one step at a scheduled lr and a gradient scale of 0.8 is checked.
+// One checked 8-bit step of kind with configuration c (min_8bit_size 0): parameters f32 (f32 grads),
+// bf16 (bf16 grads), f16 (f32 grads) of the given sizes; three warm-up steps make the states
+// non-trivial, then one step at a scheduled lr and a gradient scale of 0.8 is checked. Then the sign
+// rule on its own: a signed state that is negative beyond its float32 rounding must decode below
+// zero, and one whose nearest code decodes to zero must be stored as the largest negative code, 126
+// (counted in *kept_sign).
+static void one_step_run(bnb8_optim kind, bnb8_config c, const int64_t sizes[3], const char *label,
+                         check_stats *st, int64_t *kept_sign, int64_t *elements) {
+    const bnb8_dtype pdts[3] = {BNB8_F32, BNB8_BF16, BNB8_F16}, gdts[3] = {BNB8_F32, BNB8_BF16, BNB8_F32};
+    c.min_8bit_size = 0;
+    c.format = BNB8_STATE_8BIT;
+    test_rng rng = test_rng_new();
+    bnb8_optimizer *opt = NULL;
+    EXPECT(bnb8_optimizer_create(&opt, kind, &c) == 0, "%s: create: %s", label, bnb8_last_error());
+    if (!opt) return;
+    pair T[3];
+    for (int j = 0; j < 3; j++) {
+        pair_init(&T[j], kind, &c, sizes[j], pdts[j], gdts[j], &rng);
+        for (int64_t i = 0; i < sizes[j]; i++) if (quiet(i)) bnb8_store(T[j].p, pdts[j], i, 0.0f);
+        char name[16];
+        snprintf(name, sizeof name, "t%d", j);
+        EXPECT(bnb8_optimizer_add(opt, name, T[j].p, pdts[j], T[j].g, gdts[j], sizes[j], NULL) == 0,
+               "%s: add: %s", label, bnb8_last_error());
+        *elements += sizes[j];
+    }
+    for (int w = 0; w < 3; w++) {
+        for (int j = 0; j < 3; j++) quiet_grad(&T[j], &rng, 1);
+        unchecked_step(opt, T, 3, c.lr * (1.0f - 0.1f * (float)w));
+    }
+    for (int j = 0; j < 3; j++) quiet_grad(&T[j], &rng, 0);
+    snap after[3];
+    checked_step(opt, T, 3, NULL, 0, c.lr * 0.7f, 0.8f, label, st, after);
+    for (int j = 0; j < 3; j++)
+        for (int k = 0; k < T[j].ref.nstates && after[j].codes[k]; k++) {
+            if (!ref_signed(kind, k)) continue;
+            const float *code = map_code[after[j].map][1];
+            for (int64_t i = 0; i < T[j].n; i++) {
+                double s = T[j].ref.s[k][i], a = after[j].absmax[k][i / after[j].block];
+                int q = after[j].codes[k][i];
+                if (!(s + T[j].ref.e[k][i] < 0.0 && a > 0.0)) continue;
+                if (code[q] >= 0.0f && test_failures() < 20)
+                    EXPECT(0, "%s state %d [%lld]: negative %.3g stored as code %d, which decodes to %g (sign lost)",
+                           label, k, (long long)i, s, q, (double)code[q]);
+                if (!(s / a > map_thresh[after[j].map][1][126])) continue;
+                (*kept_sign)++;
+                if (q != 126 && test_failures() < 20)
+                    EXPECT(0, "%s state %d [%lld]: negative %.3g stored as code %d, not 126", label, k, (long long)i, s, q);
+            }
+        }
+    snap_free(after, 3);
+    for (int j = 0; j < 3; j++) pair_free(&T[j]);
+    bnb8_optimizer_free(opt);
+}
+
+// Every optimizer, block sizes 64..4096, sizes 3 blocks + 37, one block - 5, 2 blocks + 1.
 static void test_8bit_one_step(void) {
     static const int64_t blocksizes[4] = {64, 256, 2048, 4096};
-    const bnb8_dtype pdts[3] = {BNB8_F32, BNB8_BF16, BNB8_F16}, gdts[3] = {BNB8_F32, BNB8_BF16, BNB8_F32};
     for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++) {
         check_stats st = {0};
         int64_t kept_sign = 0, elements = 0;
@@ -836,48 +904,9 @@ static void test_8bit_one_step(void) {
             int64_t bs = blocksizes[b], sizes[3] = {3 * bs + 37, bs - 5, 2 * bs + 1};
             bnb8_config c = cfg_for((bnb8_optim)kind);
             c.blocksize = bs;
-            c.min_8bit_size = 0;
-            c.format = BNB8_STATE_8BIT;
             char label[64];
             snprintf(label, sizeof label, "%s block %lld", kind_name((bnb8_optim)kind), (long long)bs);
-            test_rng rng = test_rng_new();
-            bnb8_optimizer *opt = NULL;
-            EXPECT(bnb8_optimizer_create(&opt, (bnb8_optim)kind, &c) == 0, "%s: create: %s", label, bnb8_last_error());
-            if (!opt) return;
-            pair T[3];
-            for (int j = 0; j < 3; j++) {
-                pair_init(&T[j], (bnb8_optim)kind, &c, sizes[j], pdts[j], gdts[j], &rng);
-                for (int64_t i = 0; i < sizes[j]; i++) if (quiet(i)) bnb8_store(T[j].p, pdts[j], i, 0.0f);
-                char name[16];
-                snprintf(name, sizeof name, "t%d", j);
-                EXPECT(bnb8_optimizer_add(opt, name, T[j].p, pdts[j], T[j].g, gdts[j], sizes[j], NULL) == 0,
-                       "%s: add: %s", label, bnb8_last_error());
-                elements += sizes[j];
-            }
-            for (int w = 0; w < 3; w++) {
-                for (int j = 0; j < 3; j++) quiet_grad(&T[j], &rng, 1);
-                unchecked_step(opt, T, 3, c.lr * (1.0f - 0.1f * (float)w));
-            }
-            for (int j = 0; j < 3; j++) quiet_grad(&T[j], &rng, 0);
-            snap after[3];
-            checked_step(opt, T, 3, NULL, 0, c.lr * 0.7f, 0.8f, label, &st, after);
-            // Sign preservation, checked on its own: every negative state whose nearest code is the
-            // zero code must be stored as 126.
-            for (int j = 0; j < 3; j++)
-                for (int k = 0; k < T[j].ref.nstates && after[j].codes[k]; k++) {
-                    if (!ref_signed((bnb8_optim)kind, k)) continue;
-                    for (int64_t i = 0; i < T[j].n; i++) {
-                        double s = T[j].ref.s[k][i], a = after[j].absmax[k][i / bs];
-                        if (!(s < 0.0 && a > 0.0 && s / a > map_thresh[1][126])) continue;
-                        kept_sign++;
-                        if (after[j].codes[k][i] != 126 && test_failures() < 20)
-                            EXPECT(0, "%s state %d [%lld]: negative %.3g stored as code %d, not 126 (sign lost)",
-                                   label, k, (long long)i, s, after[j].codes[k][i]);
-                    }
-                }
-            snap_free(after, 3);
-            for (int j = 0; j < 3; j++) pair_free(&T[j]);
-            bnb8_optimizer_free(opt);
+            one_step_run((bnb8_optim)kind, c, sizes, label, &st, &kept_sign, &elements);
         }
         if (ref_signed((bnb8_optim)kind, 0))
             EXPECT(kept_sign > 0, "%s: no negative state rounded to the zero code: sign preservation untested",
@@ -1163,21 +1192,303 @@ static void test_step_subset(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// 7. The paper's ablations: the linear map, and one absmax per tensor (blocksize 0)
+
+// Every optimizer, one checked step as in section 3: the linear map in blocks of 256 (sizes 3
+// blocks + 37, one block - 5, 2 blocks + 1), and one absmax per tensor with either map (sizes over
+// several of the CPU's 4096-element chunks, under one, and one past two).
+static void test_ablation_one_step(void) {
+    static const int64_t blocked[3] = {3 * 256 + 37, 256 - 5, 2 * 256 + 1}, whole[3] = {3 * 4096 + 37, 4091, 2 * 4096 + 1};
+    for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++)
+        for (int v = 0; v < 3; v++) {
+            bnb8_config c = cfg_for((bnb8_optim)kind);
+            c.map = v == 2 ? BNB8_MAP_DYNAMIC : BNB8_MAP_LINEAR;
+            c.blocksize = v == 0 ? 256 : 0;
+            char label[64];
+            snprintf(label, sizeof label, "%s %s block %lld", kind_name((bnb8_optim)kind), v == 2 ? "dynamic" : "linear",
+                     (long long)c.blocksize);
+            check_stats st = {0};
+            int64_t kept_sign = 0, elements = 0;
+            one_step_run((bnb8_optim)kind, c, v == 0 ? blocked : whole, label, &st, &kept_sign, &elements);
+            if (ref_signed((bnb8_optim)kind, 0))
+                EXPECT(kept_sign > 0, "%s: no negative state rounded to a zero code: the sign rule is untested", label);
+            if (verbose)
+                printf("    %-26s %6lld elements: worst param miss %.3f of the bar, absmax %.3f of its bound, %lld "
+                       "codes one off next to a threshold, %lld negative states kept their sign\n", label,
+                       (long long)elements, st.param, st.amax, (long long)st.near, (long long)kept_sign);
+        }
+}
+
+// Sets the 32-bit states of opt's only tensor (without gradient-norm history) to v[k][0..n) through
+// its own state file: saved, the state bytes replaced, the record's CRC made right, loaded.
+static int set_states32(bnb8_optimizer *opt, int nstates, int64_t n, float *const v[3]) {
+    char path[256];
+    tmp_path(path, sizeof path, "twin.bin");
+    size_t size = 0;
+    uint8_t *f = bnb8_optimizer_save(opt, path) == 0 ? test_slurp(path, &size) : NULL;
+    uint32_t name_len = 0;
+    if (f && size > 28) memcpy(&name_len, f + 24, 4);
+    // The header (24 bytes), the name, 40 bytes of fields, the states, the record's CRC.
+    size_t record = 24, data = record + 4 + name_len + 40;
+    int ok = f && data + 4 * (size_t)n * (size_t)nstates + 4 == size;
+    for (int k = 0; ok && k < nstates; k++) memcpy(f + data + 4 * (size_t)n * (size_t)k, v[k], 4 * (size_t)n);
+    if (ok) {
+        uint32_t crc = test_crc32(f + record, size - 4 - record);
+        memcpy(f + size - 4, &crc, 4);
+        FILE *out = fopen(path, "wb");
+        ok = out && fwrite(f, 1, size, out) == size;
+        if (out) ok &= fclose(out) == 0;
+        ok = ok && bnb8_optimizer_load(opt, path) == 0;
+    }
+    EXPECT(ok, "setting the twin's states failed: %s", bnb8_last_error());
+    free(f);
+    remove(path);
+    return ok;
+}
+
+// Exact codes, every element, every step. An 8-bit optimizer and a 32-bit twin of the same
+// configuration take the same gradients; before each step the twin's states are set to the 8-bit
+// states dequantized in float32 (code * absmax: what the 8-bit step starts from), so both compute
+// the same fresh float32 states, and the twin keeps them. Then the parameters must be bit-identical,
+// every absmax the max |state| over its block (the whole tensor for blocksize 0), every code the
+// brute-force nearest code of state / absmax (IEEE float division, SPEC §5.2) with the sign rule
+// (ref_code), and no negative state may decode to 0 or above. Quiet elements (p = 0, g = 0 or
+// +-1e-10) give states exactly 0 and tiny ones of both signs; elements 256..511 stay exactly 0 (an
+// all-zero block at blocksize 256). *kept_sign counts the negative states whose nearest code
+// decoded to zero.
+static void twin_run(bnb8_optim kind, bnb8_config c, int64_t n, int steps, const char *label, int64_t *kept_sign) {
+    c.min_8bit_size = 0;
+    bnb8_config c8 = c, c32 = c;
+    c8.format = BNB8_STATE_8BIT;
+    c32.format = BNB8_STATE_32BIT;
+    test_rng rng = test_rng_new();
+    bnb8_optimizer *o8 = NULL, *o32 = NULL;
+    EXPECT(bnb8_optimizer_create(&o8, kind, &c8) == 0 && bnb8_optimizer_create(&o32, kind, &c32) == 0,
+           "%s: create: %s", label, bnb8_last_error());
+    float *p8 = malloc(sizeof(float) * (size_t)n), *p32 = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
+    float *v[3];
+    for (int k = 0; k < 3; k++) v[k] = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) p8[i] = p32[i] = quiet(i) || (i >= 256 && i < 512) ? 0.0f : (float)(0.1 * test_randn(&rng));
+    EXPECT(o8 && o32 && bnb8_optimizer_add(o8, "w", p8, BNB8_F32, g, BNB8_F32, n, NULL) == 0 &&
+           bnb8_optimizer_add(o32, "w", p32, BNB8_F32, g, BNB8_F32, n, NULL) == 0, "%s: add: %s", label, bnb8_last_error());
+    int nstates = ref_nstates(kind, &c);
+    for (int step = 1; o8 && o32 && step <= steps && test_failures() < 20; step++) {
+        for (int64_t i = 0; i < n; i++)
+            g[i] = i >= 256 && i < 512 ? 0.0f : !quiet(i) ? (float)(0.01 * test_randn(&rng))
+                 : i % 3 == 0 ? 0.0f : (float)((i % 2 ? 1e-10 : -1e-10) * (1.0 + test_uniform(&rng)));
+        snap s8, s32;
+        if (!snap_take(o8, &s8, 1)) break;
+        for (int k = 0; k < nstates; k++)
+            for (int64_t i = 0; i < n; i++)
+                v[k][i] = map_code[s8.map][ref_signed(kind, k)][s8.codes[k][i]] * s8.absmax[k][i / s8.block];
+        snap_free(&s8, 1);
+        if (!set_states32(o32, nstates, n, v)) break;
+        float lr = c.lr * (1.0f - 0.1f * (float)step);
+        EXPECT(bnb8_optimizer_step(o8, lr, 0.8f, NULL) == 0 && bnb8_optimizer_step(o32, lr, 0.8f, NULL) == 0,
+               "%s: step: %s", label, bnb8_last_error());
+        EXPECT(memcmp(p8, p32, sizeof(float) * (size_t)n) == 0, "%s step %d: the parameters differ from the 32-bit twin's",
+               label, step);
+        if (!snap_take(o8, &s8, 1)) break;
+        if (!snap_take(o32, &s32, 1)) { snap_free(&s8, 1); break; }
+        EXPECT(s8.map == (uint32_t)c.map && s8.blocksize == c.blocksize && s8.nblocks == (c.blocksize ? (n + c.blocksize - 1) / c.blocksize : 1),
+               "%s: the file records map %u, block size %lld, %lld blocks", label, s8.map, (long long)s8.blocksize, (long long)s8.nblocks);
+        for (int k = 0; k < nstates && s8.codes[k] && s32.f32[k]; k++) {
+            int is_signed = ref_signed(kind, k);
+            const float *code = map_code[c.map][is_signed];
+            for (int64_t b = 0; b < s8.nblocks; b++) {
+                int64_t start = b * s8.block, end = start + s8.block < n ? start + s8.block : n;
+                float amax = 0.0f;
+                for (int64_t i = start; i < end; i++) amax = fabsf(s32.f32[k][i]) > amax ? fabsf(s32.f32[k][i]) : amax;
+                EXPECT(memcmp(&amax, &s8.absmax[k][b], 4) == 0, "%s step %d state %d block %lld: absmax %.9g, max |state| %.9g",
+                       label, step, k, (long long)b, (double)s8.absmax[k][b], (double)amax);
+                for (int64_t i = start; i < end && test_failures() < 20; i++) {
+                    float x = s32.f32[k][i], q = amax > 0.0f ? x / amax : 0.0f;
+                    int want = amax > 0.0f ? ref_code(c.map, is_signed, q, x) : is_signed ? 127 : 0, got = s8.codes[k][i];
+                    EXPECT(got == want, "%s step %d state %d [%lld]: code %d, brute force %d (state %.9g, absmax %.9g)",
+                           label, step, k, (long long)i, got, want, (double)x, (double)amax);
+                    EXPECT(!(x < 0.0f) || code[got] < 0.0f, "%s step %d state %d [%lld]: negative %.9g decodes to %g",
+                           label, step, k, (long long)i, (double)x, (double)code[got]);
+                    if (is_signed && x < 0.0f && amax > 0.0f && q > map_thresh[c.map][1][126]) (*kept_sign)++;
+                }
+            }
+        }
+        snap_free(&s8, 1);
+        snap_free(&s32, 1);
+    }
+    for (int k = 0; k < 3; k++) free(v[k]);
+    free(p8); free(p32); free(g);
+    bnb8_optimizer_free(o8);
+    bnb8_optimizer_free(o32);
+}
+
+// AdamW (signed m, unsigned v), Lion and SGD with momentum, each map, in blocks of 256 and with one
+// absmax per tensor; 4 steps each. The dynamic map in blocks is today's 8-bit path, checked the same way.
+static void test_ablation_exact(void) {
+    float lib[256];
+    for (int is_signed = 0; is_signed < 2; is_signed++) {
+        bnb8_map_linear(lib, is_signed);
+        EXPECT(memcmp(lib, map_code[BNB8_MAP_LINEAR][is_signed], sizeof lib) == 0,
+               "bnb8_map_linear(%d) differs from SPEC §3's values rounded once", is_signed);
+    }
+    const bnb8_optim kinds[3] = {BNB8_ADAMW, BNB8_LION, BNB8_SGD};
+    for (int kk = 0; kk < 3; kk++) {
+        int64_t kept_sign = 0;
+        for (int map = 0; map < BNB8_NUM_MAPS; map++)
+            for (int whole = 0; whole < 2; whole++) {
+                bnb8_config c = cfg_for(kinds[kk]);
+                c.map = (bnb8_map)map;
+                c.blocksize = whole ? 0 : 256;
+                char label[64];
+                snprintf(label, sizeof label, "%s %s block %lld", kind_name(kinds[kk]), map ? "linear" : "dynamic",
+                         (long long)c.blocksize);
+                twin_run(kinds[kk], c, whole ? 3 * 4096 + 77 : 2000, 4, label, &kept_sign);
+            }
+        EXPECT(kept_sign > 0, "%s: no negative state landed next to zero: the sign rule is untested", kind_name(kinds[kk]));
+        if (verbose) printf("    %-6s codes and absmax exact; %lld negative states next to zero kept their sign\n",
+                            kind_name(kinds[kk]), (long long)kept_sign);
+    }
+    // Where state / absmax underflows to -0 (the linear map's tie at 0 goes to its second zero, 128)
+    // a negative state must still take 126: SGD's first buffer is the gradient, -2^-149 next to 3.
+    // A second tensor of zeros only: absmax 0 and the zero code (127 signed) everywhere.
+    for (int map = 0; map < BNB8_NUM_MAPS; map++)
+        for (int whole = 0; whole < 2; whole++) {
+            bnb8_config c = bnb8_config_default(BNB8_SGD);
+            c.map = (bnb8_map)map;
+            c.blocksize = whole ? 0 : 256;
+            c.min_8bit_size = 0;
+            float p[2][1000] = {{0}}, g[2][1000] = {{0}};
+            g[0][0] = -0x1p-149f;
+            g[0][1] = 3.0f;
+            bnb8_optimizer *opt = NULL;
+            EXPECT(bnb8_optimizer_create(&opt, BNB8_SGD, &c) == 0 && opt &&
+                   bnb8_optimizer_add(opt, "u", p[0], BNB8_F32, g[0], BNB8_F32, 1000, NULL) == 0 &&
+                   bnb8_optimizer_add(opt, "z", p[1], BNB8_F32, g[1], BNB8_F32, 1000, NULL) == 0 &&
+                   bnb8_optimizer_step(opt, c.lr, 1.0f, NULL) == 0, "underflow: %s", bnb8_last_error());
+            snap sn[2];
+            if (opt && snap_take(opt, sn, 2)) {
+                EXPECT(sn[0].codes[0][0] == 126 && sn[0].absmax[0][0] == 3.0f, "%s map, block %lld: -2^-149 next to 3 "
+                       "stored as code %d (absmax %g), expected 126", map ? "linear" : "dynamic", (long long)c.blocksize,
+                       sn[0].codes[0][0], (double)sn[0].absmax[0][0]);
+                int64_t wrong = 0;
+                for (int64_t i = 0; i < 1000; i++) wrong += sn[1].codes[0][i] != 127;
+                for (int64_t b = 0; b < sn[1].nblocks; b++) wrong += sn[1].absmax[0][b] != 0.0f;
+                EXPECT(wrong == 0, "%s map, block %lld: %lld codes or absmax of an all-zero tensor are not 127 and 0",
+                       map ? "linear" : "dynamic", (long long)c.blocksize, (long long)wrong);
+                snap_free(sn, 2);
+            }
+            bnb8_optimizer_free(opt);
+        }
+}
+
+// One absmax per tensor does not depend on the number of threads: the same run with 1 and with 3
+// OpenMP threads gives the same parameters and the same state file, byte for byte. And a tensor
+// that fits in one block of 4096 gets from blocksize 0 exactly what blocksize 4096 gives it (the
+// same one block, in two passes instead of one).
+static void test_per_tensor_threads(void) {
+    const int64_t n = 10 * 4096 + 7, small = 3001;
+    char path[2][256];
+    tmp_path(path[0], sizeof path[0], "threads1.bin");
+    tmp_path(path[1], sizeof path[1], "threads3.bin");
+    for (int map = 0; map < BNB8_NUM_MAPS; map++) {
+        bnb8_config c = cfg_for(BNB8_ADAMW);
+        c.map = (bnb8_map)map;
+        c.blocksize = 0;
+        c.min_8bit_size = 0;
+        float *p[2], *g = malloc(sizeof(float) * (size_t)n);
+        test_rng seeds = test_rng_new();
+#ifdef _OPENMP
+        int threads = omp_get_max_threads();
+#endif
+        for (int run = 0; run < 2; run++) {
+#ifdef _OPENMP
+            omp_set_num_threads(run == 0 ? 1 : 3);
+#endif
+            test_rng rng = seeds;
+            bnb8_optimizer *opt = NULL;
+            p[run] = malloc(sizeof(float) * (size_t)n);
+            for (int64_t i = 0; i < n; i++) p[run][i] = (float)(0.1 * test_randn(&rng));
+            EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0 && opt &&
+                   bnb8_optimizer_add(opt, "w", p[run], BNB8_F32, g, BNB8_F32, n, NULL) == 0, "create/add: %s", bnb8_last_error());
+            for (int step = 0; opt && step < 5; step++) {
+                for (int64_t i = 0; i < n; i++) g[i] = (float)(0.01 * test_randn(&rng));
+                if (step == 3) g[n / 2] = NAN;
+                EXPECT(bnb8_optimizer_step(opt, c.lr, 1.0f, NULL) == 0, "step: %s", bnb8_last_error());
+            }
+            EXPECT(opt && bnb8_optimizer_take_nonfinite(opt) == 1, "the NaN gradient was not counted once");
+            EXPECT(opt && bnb8_optimizer_save(opt, path[run]) == 0, "save: %s", bnb8_last_error());
+            bnb8_optimizer_free(opt);
+        }
+#ifdef _OPENMP
+        omp_set_num_threads(threads);
+#endif
+        size_t size[2];
+        uint8_t *f[2] = {test_slurp(path[0], &size[0]), test_slurp(path[1], &size[1])};
+        EXPECT(f[0] && f[1] && size[0] == size[1] && memcmp(f[0], f[1], size[0]) == 0,
+               "%s map: the state file with 3 threads differs from the one with 1", map ? "linear" : "dynamic");
+        EXPECT(memcmp(p[0], p[1], sizeof(float) * (size_t)n) == 0, "%s map: the parameters with 3 threads differ from 1 thread's",
+               map ? "linear" : "dynamic");
+        free(f[0]); free(f[1]); free(p[0]); free(p[1]); free(g);
+
+        // blocksize 0 against blocksize 4096 on a tensor of one block.
+        bnb8_optimizer *o[2] = {NULL, NULL};
+        float *q[2];
+        test_rng rng = test_rng_new();
+        float *g2 = malloc(sizeof(float) * (size_t)small);
+        for (int j = 0; j < 2; j++) {
+            bnb8_config cj = c;
+            cj.blocksize = j ? 4096 : 0;
+            q[j] = malloc(sizeof(float) * (size_t)small);
+            for (int64_t i = 0; i < small; i++) q[j][i] = (float)(0.1 * ((i * 7919) % 1000 - 500) / 500.0);
+            EXPECT(bnb8_optimizer_create(&o[j], BNB8_ADAMW, &cj) == 0 && o[j] &&
+                   bnb8_optimizer_add(o[j], "w", q[j], BNB8_F32, g2, BNB8_F32, small, NULL) == 0, "create/add: %s", bnb8_last_error());
+        }
+        for (int step = 0; o[0] && o[1] && step < 5; step++) {
+            for (int64_t i = 0; i < small; i++) g2[i] = (float)(0.01 * test_randn(&rng));
+            EXPECT(bnb8_optimizer_step(o[0], c.lr, 1.0f, NULL) == 0 && bnb8_optimizer_step(o[1], c.lr, 1.0f, NULL) == 0, "step");
+        }
+        snap s[2];
+        if (o[0] && o[1] && snap_take(o[0], &s[0], 1)) {
+            if (snap_take(o[1], &s[1], 1)) {
+                EXPECT(s[0].blocksize == 0 && s[1].blocksize == 4096 && s[0].nblocks == 1 && s[1].nblocks == 1,
+                       "block sizes %lld, %lld", (long long)s[0].blocksize, (long long)s[1].blocksize);
+                s[1].blocksize = 0;   // the only field that may differ
+                EXPECT(snap_equal(&s[0], &s[1]), "%s map: blocksize 0 and blocksize 4096 differ on a tensor of %lld elements",
+                       map ? "linear" : "dynamic", (long long)small);
+                snap_free(&s[1], 1);
+            }
+            snap_free(&s[0], 1);
+        }
+        EXPECT(memcmp(q[0], q[1], sizeof(float) * (size_t)small) == 0, "blocksize 0 and 4096: the parameters differ");
+        for (int j = 0; j < 2; j++) { bnb8_optimizer_free(o[j]); free(q[j]); }
+        free(g2);
+    }
+    remove(path[0]);
+    remove(path[1]);
+}
+
+// ------------------------------------------------------------------------------------------------
 
 void tests_optim(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     for (int is_signed = 0; is_signed < 2; is_signed++) {
         size_t size;
+        float *dynamic = map_code[BNB8_MAP_DYNAMIC][is_signed], *linear = map_code[BNB8_MAP_LINEAR][is_signed];
         uint8_t *text = test_slurp(test_data_path(is_signed ? "dynamic_map_signed.hex" : "dynamic_map_unsigned.hex"), &size);
         char *at = (char *)text;
         for (int i = 0; i < 256 && text; i++) {
             uint32_t bits = (uint32_t)strtoul(at, &at, 16);
-            memcpy(&map_code[is_signed][i], &bits, 4);
+            memcpy(&dynamic[i], &bits, 4);
         }
-        if (!text) { printf("test_optim: cannot read the golden maps in test/data\n"); bnb8_map_dynamic(map_code[is_signed], is_signed); }
+        if (!text) { printf("test_optim: cannot read the golden maps in test/data\n"); bnb8_map_dynamic(dynamic, is_signed); }
         free(text);
-        for (int k = 0; k < 255; k++) map_thresh[is_signed][k] = (map_code[is_signed][k] + map_code[is_signed][k + 1]) * 0.5f;
-        map_thresh[is_signed][255] = INFINITY;
+        // SPEC §3: signed, 255 evenly spaced values over [-1, 1] (k/127 - 1) plus a second exact 0
+        // after the first; unsigned, 256 over [0, 1]. Each rounded once from double.
+        for (int i = 0; i < 256; i++)
+            linear[i] = is_signed ? (float)((double)((i <= 127 ? i : i - 1) - 127) / 127.0) : (float)((double)i / 255.0);
+        for (int m = 0; m < BNB8_NUM_MAPS; m++) {
+            for (int k = 0; k < 255; k++) map_thresh[m][is_signed][k] = (map_code[m][is_signed][k] + map_code[m][is_signed][k + 1]) * 0.5f;
+            map_thresh[m][is_signed][255] = INFINITY;
+        }
     }
     snprintf(tmpdir, sizeof tmpdir, "/tmp/bnb8_optim_XXXXXX");
     if (!mkdtemp(tmpdir)) { printf("test_optim: mkdtemp failed\n"); return; }
@@ -1189,6 +1500,9 @@ void tests_optim(void) {
     test_run("optim: percentile clipping and max_unorm match the reference", test_clipping);
     test_run("optim: per-name overrides (format, lr, betas, wd, block size)", test_overrides);
     test_run("optim: step_tensors steps a subset with per-tensor step counts", test_step_subset);
+    test_run("optim: linear map and one absmax per tensor vs the reference, all optimizers", test_ablation_one_step);
+    test_run("optim: linear map and one absmax per tensor: codes exactly brute force", test_ablation_exact);
+    test_run("optim: one absmax per tensor: same bits with 1 and 3 threads", test_per_tensor_threads);
 
     rmdir(tmpdir);
 }

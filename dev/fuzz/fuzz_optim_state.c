@@ -2,10 +2,11 @@
 fuzz_optim_state.c — libFuzzer harness for the optimizer state file loader (bnb8_optimizer_load).
 
 Input: one control byte, then the file. The control byte picks the registered tensors (bits 1-2:
-one of three optimizers mixing 8-bit states of two block sizes, 32-bit states, a gradient-norm
-history, bf16/f16 tensors, a tensor with no state at all) and, with bit 0 set, has the harness write
-correct CRC-32s into the file's header and records first, so that the fuzzer also reaches the checks
-behind the CRCs (names, sizes, formats, block sizes, step counts, lengths).
+one of three optimizers mixing 8-bit states of two block sizes, linear-map 8-bit states with one
+absmax per tensor, 32-bit states, a gradient-norm history, bf16/f16 tensors, a tensor with no state
+at all) and, with bit 0 set, has the harness write correct CRC-32s into the file's header and
+records first, so that the fuzzer also reaches the checks behind the CRCs (names, sizes, formats,
+block sizes, step counts, lengths).
 
 A refused file must leave the optimizer as it was (its next save gives the same bytes as before);
 an accepted one must save back to a file that loads and saves to the same bytes, and step.
@@ -72,7 +73,10 @@ static int setup_make(fuzz_setup *s, int which) {
     o = c;
     if (which == 0) { o.blocksize = 64; o.percentile_clipping = 5; }           // 8-bit, block 64, history
     if (which == 1) { c.momentum = 0.0f; o = c; o.percentile_clipping = 50; }  // no states; history only
-    if (which == 2) { c.format = BNB8_STATE_32BIT; o = c; o.format = BNB8_STATE_8BIT; o.min_8bit_size = 0; }
+    if (which == 2) {                              // 8-bit override: linear map, one absmax per tensor
+        c.format = BNB8_STATE_32BIT; o = c; o.format = BNB8_STATE_8BIT; o.min_8bit_size = 0;
+        o.map = BNB8_MAP_LINEAR; o.blocksize = 0;
+    }
     if (bnb8_optimizer_create(&s->opt, kinds[which], &c)) return -1;
     for (int i = 0; i < counts[which]; i++) {
         const fuzz_tensor *t = &ts[which][i];
