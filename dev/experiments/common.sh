@@ -1,0 +1,117 @@
+# shellcheck shell=bash
+# Sourced by the study scripts: the settings (environment variables; the defaults are meant for one
+# GPU) and the functions run and plot. See README.md.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+: "${EXP_MODEL:=d12}" "${EXP_B:=8}" "${EXP_T:=64}" "${EXP_STEPS:=2000}" "${EXP_EVAL:=100}" "${EXP_VAL_BATCHES:=20}"
+: "${EXP_DEVICE:=auto}"                        # auto | cpu | gpu (the trainer's -D)
+: "${EXP_WARMUP:=100}" "${EXP_FINAL_LR:=0.1}"  # -u, -q
+: "${EXP_CLIP:=1}"                             # -g for every run except those that set it (release: -g 0)
+# Peak learning rates and weight decay per optimizer: the trainer's GPU defaults (lr = CPU default / 5),
+# given explicitly so that the CPU and the GPU train with the same schedule.
+: "${EXP_LR_ADAMW:=6e-4}" "${EXP_LR_LION:=6e-5}" "${EXP_LR_SGD:=0.06}"
+: "${EXP_WD_ADAMW:=0.1}" "${EXP_WD_LION:=1}" "${EXP_WD_SGD:=0}"
+: "${EXP_LR_HIGH:=3e-3}"                       # study 2: the higher AdamW learning rate(s), a list
+: "${EXP_SEEDS:=1337 1 2}"                     # study 3
+: "${EXP_FLAGS:=}"                             # extra trainer flags for every run (last, so they win)
+: "${EXP_OUT:=dev/experiments}"                # logs/, plots/ and RESULTS.md go here
+: "${EXP_ONLY:=}"                              # run only these run names (space-separated)
+: "${EXP_FORCE:=0}"                            # 1: rerun runs whose log is already complete
+: "${EXP_PLOT_ONLY:=0}"                        # 1: no training, only the plots from the logs there
+if [ -z "${TRAINER:-}" ]; then
+    TRAINER=build/train_gpt2_8bit
+    if [ -x build/train_gpt2_8bit_cuda ]; then TRAINER=build/train_gpt2_8bit_cuda; fi
+fi
+# No .git on a machine that got a copy of the tree: EXP_COMMIT says which commit it is.
+if [ -z "${EXP_COMMIT:-}" ]; then
+    EXP_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    # logs and plots under dev/experiments do not make the trainer dirty
+    if [ -n "$(git status --porcelain -- . ':!dev/experiments' 2>/dev/null)" ]; then EXP_COMMIT+="+dirty"; fi
+fi
+# What decides a run's numbers: a complete log made with other settings is kept, with a warning.
+SETTINGS="TRAINER=$TRAINER EXP_MODEL=$EXP_MODEL EXP_B=$EXP_B EXP_T=$EXP_T EXP_STEPS=$EXP_STEPS EXP_EVAL=$EXP_EVAL"
+SETTINGS+=" EXP_VAL_BATCHES=$EXP_VAL_BATCHES EXP_DEVICE=$EXP_DEVICE EXP_WARMUP=$EXP_WARMUP EXP_FINAL_LR=$EXP_FINAL_LR"
+SETTINGS+=" EXP_CLIP=$EXP_CLIP EXP_LR_ADAMW=$EXP_LR_ADAMW EXP_LR_LION=$EXP_LR_LION EXP_LR_SGD=$EXP_LR_SGD"
+SETTINGS+=" EXP_WD_ADAMW=$EXP_WD_ADAMW EXP_WD_LION=$EXP_WD_LION EXP_WD_SGD=$EXP_WD_SGD"
+SETTINGS+=" EXP_LR_HIGH='$EXP_LR_HIGH' EXP_SEEDS='$EXP_SEEDS' EXP_FLAGS='$EXP_FLAGS'"
+
+get() {   # get FLAG ARGS...: the value of FLAG in the flag-value pairs ARGS (the last one, as the trainer)
+    local f=$1 v=
+    shift
+    while [ $# -ge 2 ]; do [ "$1" = "$f" ] && v=$2; shift 2; done
+    echo "$v"
+}
+
+skip() {   # skip LOG WHY: a log that says why the run was not made (it is made when the study runs again)
+    echo "# skipped: $2" > "$1"
+    echo "$(basename "$(dirname "$1")")/$(basename "$1" .log): skipped: $2"
+}
+
+# run STUDY NAME FLAGS...: one training run, its output in $EXP_OUT/logs/STUDY/NAME.log. Every
+# schedule flag is given: the GPU's defaults differ from the CPU's (lr / 5, no clipping, release for
+# flash, B, T, steps), and a run must not change its schedule with the device it lands on.
+run() {
+    local study=$1 name=$2
+    shift 2
+    local log=$EXP_OUT/logs/$study/$name.log
+    if [ "$EXP_PLOT_ONLY" = 1 ]; then return 0; fi
+    [ -z "$EXP_ONLY" ] || [[ " $EXP_ONLY " == *" $name "* ]] || return 0
+    if [ "$EXP_FORCE" != 1 ] && grep -q '^speed ' "$log" 2>/dev/null; then
+        grep -qxF "# settings $SETTINGS" "$log" || echo "$study/$name: WARNING: kept log was made with other settings"
+        echo "$study/$name: complete log kept (EXP_FORCE=1 reruns it)"
+        return 0
+    fi
+    [ -x "$TRAINER" ] || { echo "no trainer $TRAINER: make build/train_gpt2_8bit_cuda (or build/train_gpt2_8bit)"; exit 1; }
+    mkdir -p "$(dirname "$log")"
+    local p lrv wdv i f
+    p=$(get -p "$@")
+    p=${p:-adamw}
+    lrv=EXP_LR_${p^^} wdv=EXP_WD_${p^^}
+    local cmd=("$TRAINER" -D "$EXP_DEVICE" -e "$EXP_MODEL" -b "$EXP_B" -t "$EXP_T" -n "$EXP_STEPS"
+               -u "$EXP_WARMUP" -q "$EXP_FINAL_LR" -v "$EXP_EVAL" -m "$EXP_VAL_BATCHES" -G 0)
+    local defaults=(-p "$p" -l "${!lrv}" -c "${!wdv}" -g "$EXP_CLIP" -R 0 -w 1 -d 1337)
+    for ((i = 0; i < ${#defaults[@]}; i += 2)); do
+        [ -n "$(get "${defaults[i]}" "$@")" ] || cmd+=("${defaults[i]}" "${defaults[i + 1]}")
+    done
+    # shellcheck disable=SC2206   # EXP_FLAGS is split into words on purpose
+    cmd+=("$@" $EXP_FLAGS)
+
+    # Flags this binary does not know yet (-M, -K are being added) skip the run instead of failing it.
+    local usage missing=()
+    usage=$("$TRAINER" -h 2>&1 || true)
+    for f in "${cmd[@]:1}"; do
+        if [[ $f == -? ]] && ! grep -q -- "^  $f <" <<< "$usage"; then missing+=("$f"); fi
+    done
+    if [ ${#missing[@]} -gt 0 ]; then skip "$log" "this trainer does not accept ${missing[*]} yet ($TRAINER -h)"; return 0; fi
+    if [ "$(get -R "${cmd[@]:1}")" = 1 ] && [ "$EXP_DEVICE" = cpu ]; then
+        skip "$log" "gradient release (-R 1) is GPU-only; the trainer refuses it on the CPU"; return 0
+    fi
+
+    {
+        echo "# run $study/$name"
+        echo "# commit $EXP_COMMIT"
+        echo "# date $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+        echo "# settings $SETTINGS"
+        echo "# cmd ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS }${cmd[*]}"
+    } > "$log"
+    local t0=$SECONDS rc=0
+    "${cmd[@]}" >> "$log" 2>&1 || rc=$?
+    if [ $rc = 0 ]; then
+        echo "$study/$name: $(grep '^loss ' "$log" | tail -n 1) ($((SECONDS - t0)) s)"
+    elif grep -q 'runs on the GPU only' "$log"; then   # -D auto without a GPU
+        skip "$log" "gradient release (-R 1) is GPU-only and no GPU was used"
+    else
+        echo "$study/$name: FAILED (exit $rc) after $((SECONDS - t0)) s, see $log: $(tail -n 1 "$log")"
+    fi
+}
+
+# plot STUDY NAME TITLE RUN...: train and val loss of these runs in $EXP_OUT/plots/STUDY_NAME.png
+plot() {
+    local study=$1 name=$2 title=$3 r logs=()
+    shift 3
+    for r in "$@"; do logs+=("$EXP_OUT/logs/$study/$r.log"); done
+    mkdir -p "$EXP_OUT/plots"
+    python3 dev/experiments/plot.py "$EXP_OUT/plots/${study}_$name.png" "$title" "${logs[@]}" ||
+        echo "plot $study/$name failed"
+}

@@ -1,0 +1,185 @@
+"""results.py [EXP_OUT]: turns $EXP_OUT/logs/*/*.log into $EXP_OUT/RESULTS.md (default EXP_OUT:
+dev/experiments). Every number in it is read from a log. Standard library only."""
+import glob
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from logparse import divergence, parse, worst_spike, worst_val_rise  # noqa: E402
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get('EXP_OUT', 'dev/experiments')
+
+
+def f4(x):
+    return '—' if x is None else f'{x:.4f}'
+
+
+def status(r):
+    if 'skipped' in r['header']:
+        return 'skipped: ' + r['header']['skipped']
+    if r['error']:
+        return 'failed: ' + r['error'][len('error: '):]
+    why = divergence(r)
+    if why:
+        return '**diverged**: ' + '; '.join(why)
+    return 'ok' if r['complete'] else 'incomplete (no final report)'
+
+
+def bytes_per_param(r):
+    if r['bpp'] is None:
+        return '—'
+    return f"{r['bpp']:.3f}" + (f" (+ {r['scratch']:.3f} release scratch)" if r['scratch'] is not None else '')
+
+
+def speed(r):
+    return '—' if r['speed'] is None else f"{r['speed']:.0f}"
+
+
+def table(head, rows):
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    lines += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
+    return '\n'.join(lines) + '\n'
+
+
+def order(r):
+    """Runs grouped by their name's first part (optimizer, or learning rate: lr6e-4 before lr3e-3),
+    the fp32 run first in each group."""
+    group = r['name'].split('_')[0]
+    try:
+        group = float(group[2:]) if group.startswith('lr') else group
+    except ValueError:
+        pass
+    return (str(type(group)), group, '_fp32' not in r['name'], r['name'])
+
+
+def plot_order(png):
+    """Plots in the order of their runs: ..._adamw, _lion, _sgd; ..._lr6e-4 before ..._lr3e-3."""
+    part = os.path.basename(png)[:-4].split('_')[-1]
+    return order(dict(name=part + '_'))[:2]
+
+
+def runs_of(study):
+    return sorted((parse(p) for p in glob.glob(os.path.join(OUT, 'logs', study, '*.log'))), key=order)
+
+
+def ran(r):
+    return r['final_val'] is not None and 'skipped' not in r['header']
+
+
+def seed_spread():
+    """fp32 AdamW's final val loss over the seeds of study 3: (values, max - min, sample std)."""
+    vals = [r['final_val'] for r in runs_of('study3_seeds')
+            if ran(r) and r['complete'] and r['recipe'] == 'fp32' and math.isfinite(r['final_val'])]
+    if len(vals) < 2:
+        return vals, None, None
+    return vals, max(vals) - min(vals), statistics.stdev(vals)
+
+
+def study1(md):
+    runs = runs_of('study1_recipes')
+    _, spread, _ = seed_spread()
+    md.append('Final val loss against fp32 with the same optimizer. Tolerance: the larger of the fp32 seed '
+              'spread (max - min over study 3\'s seeds, AdamW) and 1% of the fp32 run\'s final val loss. '
+              'The release run and its twin `adamw_flash_g0` do not clip (`-g 0`); every other run clips as '
+              'its `-g` says (commands below).\n')
+    if spread is None:
+        md.append('No seed spread yet (study 3 has fewer than 2 complete runs): the tolerance is 1% alone.\n')
+    ref = {r['optim']: r for r in runs if r['recipe'] == 'fp32' and r['complete'] and ran(r)}
+    rows = []
+    for r in runs:
+        f = r['flags']
+        setup = ' '.join(f'{k} {f[k]}' for k in ('-K', '-M', '-R') if k in f and (k, f[k]) != ('-R', '0')) or '—'
+        delta = within = '—'
+        base = ref.get(r['optim'])
+        if base and ran(r) and r is not base:
+            b, x = base['final_val'], r['final_val']
+            tol = max(spread or 0.0, 0.01 * b)
+            delta = f'{100 * (x - b) / b:+.2f}%'
+            within = (f'yes (≤ {tol:.4f})' if abs(x - b) <= tol else f'**no** (> {tol:.4f})') \
+                if math.isfinite(x) else '**no** (non-finite)'
+        rows.append([f"`{r['name']}`", r['optim'] or '—', r['recipe'] or '—', setup, f.get('-g', '—'),
+                     f4(r['final_val']), delta, within, speed(r), bytes_per_param(r), status(r)])
+    md.append(table(['run', 'optimizer', 'recipe', 'flags', 'clip (-g)', 'final val loss', 'vs fp32', 'within tolerance',
+                     'tokens/s', 'persistent bytes/param', 'status'], rows))
+
+
+def study2(md):
+    md.append('AdamW. Map and block: `-M` and `-K` as given (the trainer\'s defaults: dynamic map, blocks '
+              'of 256). Worst val rise: the largest rise of the val loss above its lowest value so far; '
+              'worst spike: the largest step loss above the mean of the steps before it (a window).\n')
+    rows = []
+    for r in runs_of('study2_ablations'):
+        f, eight, done = r['flags'], r['recipe'] == '8bit', ran(r)
+        rows.append([f"`{r['name']}`", r['lr'] or '—', r['recipe'] or '—',
+                     f.get('-M', 'dynamic') if eight else '—', {'0': 'none (per tensor)'}.get(f.get('-K', '256'), f.get('-K', '256')) if eight else '—',
+                     r['stable'] or '—', f4(r['final_val']),
+                     f4(min((x for _, x in r['val'] if math.isfinite(x)), default=None)),
+                     f4(worst_val_rise(r) if done else None), f4(worst_spike(r) if done else None),
+                     r['skipped_steps'] if done else '—', status(r)])
+    md.append(table(['run', 'peak lr', 'recipe', 'map', 'block', 'StableEmbedding', 'final val loss',
+                     'lowest val loss', 'worst val rise', 'worst spike', 'skipped steps', 'status'], rows))
+
+
+def study3(md):
+    rows = [[f"`{r['name']}`", r['flags'].get('-d', '—'), r['recipe'] or '—', f4(r['final_val']), speed(r),
+             status(r)] for r in runs_of('study3_seeds')]
+    md.append(table(['run', 'seed', 'recipe', 'final val loss', 'tokens/s', 'status'], rows))
+    vals, spread, std = seed_spread()
+    if spread is not None:
+        md.append(f'\nfp32 final val loss over {len(vals)} seeds: mean {statistics.mean(vals):.4f}, '
+                  f'spread (max - min) **{spread:.4f}**, sample standard deviation {std:.4f}.\n')
+
+
+STUDIES = [('study1_recipes', 'Study 1: recipes', study1),
+           ('study2_ablations', 'Study 2: the paper\'s ablations', study2),
+           ('study3_seeds', 'Study 3: seed noise', study3)]
+
+
+def commands(md, study, runs):
+    settings = sorted({r['header']['settings'] for r in runs if 'settings' in r['header']})
+    md.append('Reproduce (a complete log is kept; `EXP_FORCE=1` reruns it):\n\n```\n' +
+              ''.join(f'{s} bash dev/experiments/{study}.sh\n' for s in settings) + '```\n')
+    cmds = [f"# {r['name']} (commit {r['header'].get('commit', '?')}, {r['header'].get('date', '?')})\n"
+            f"{r['header']['cmd']}\n" for r in runs if 'cmd' in r['header']]
+    if cmds:
+        md.append('<details><summary>the trainer commands</summary>\n\n```\n' + ''.join(cmds) + '```\n</details>\n')
+
+
+def main():
+    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()
+    all_runs = [parse(p) for p in sorted(glob.glob(os.path.join(OUT, 'logs', '*', '*.log')))]
+    md = ['# Results: 8-bit and flash training against 32-bit\n',
+          f"Generated by `dev/experiments/results.py` at commit {head or 'unknown'} on "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, from the logs in `logs/`; every number "
+          'below is read from them (train_gpt2_8bit\'s output).\n']
+    def setup(r):
+        return (r['study'], f"`{r['header'].get('commit', '?')}`", r['device'] or '—',
+                r['model'] or '—', r['shape'] or '—')
+    made = [setup(r) for r in all_runs if 'cmd' in r['header']]
+    rows = [list(key) + [made.count(key)] for key in sorted(set(made))]
+    md.append(table(['study', 'commit of the runs', 'device (the trainer\'s first line)', 'model', 'batch, steps',
+                     'runs'], rows))
+    diverged = [r['name'] for r in all_runs if status(r).startswith('**diverged')]
+    md.append(f"\nDiverged runs (a non-finite loss, a skipped step, or a loss above its start): "
+              f"{', '.join(f'`{n}`' for n in diverged) if diverged else 'none'}.\n")
+    for study, title, fn in STUDIES:
+        runs = runs_of(study)
+        if not runs:
+            continue
+        md.append(f'\n## {title}\n')
+        fn(md)
+        for png in sorted(glob.glob(os.path.join(OUT, 'plots', study + '_*.png')), key=plot_order):
+            md.append(f'\n![{os.path.basename(png)}](plots/{os.path.basename(png)})\n')
+        md.append('')
+        commands(md, study, runs)
+    path = os.path.join(OUT, 'RESULTS.md')
+    with open(path, 'w') as f:
+        f.write('\n'.join(md))
+    print(f'{path}: {len(all_runs)} logs, {len(diverged)} diverged')
+
+
+main()
