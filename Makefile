@@ -44,7 +44,7 @@ ifneq ($(STB_DIR),/usr/include)
   override CFLAGS += -I$(STB_DIR)
 endif
 
-TEST_SRCS := $(wildcard test/test_*.c)
+TEST_SRCS := $(filter-out test/test_train_gpu.c,$(wildcard test/test_*.c))   # the GPU trainer test links CUDA
 HEADERS   := bnb8.h test/test.h
 
 .PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu clean

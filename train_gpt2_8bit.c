@@ -1143,7 +1143,7 @@ typedef struct {
 // of small models) and StableEmbedding's wte keep 32-bit states, and their correction.
 static const Recipe recipes[] = {
     {"fp32", BNB8_STATE_32BIT, "fp32 weights and gradients, 32-bit optimizer states"},
-    {"8bit", BNB8_STATE_8BIT, "fp32 weights and gradients, 8-bit block-wise states (block 256)"},
+    {"8bit", BNB8_STATE_8BIT, "fp32 weights and gradients, 8-bit block-wise states"},
     {"flash", BNB8_STATE_FLASH, "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
 };
 
@@ -1244,12 +1244,13 @@ static int cpu_placement(GPT2 *m, int flash, Placement *pl) {
 // correction of the fp32 weights in m->params_memory. state_bytes[i] receives each tensor's state
 // memory, measured by the library's accounting.
 static int optimizer_build(bnb8_optimizer **out, GPT2 *m, const Placement *pl, const Recipe *r,
-                           const OptimizerChoice *oc, float lr, float weight_decay,
+                           const OptimizerChoice *oc, float lr, float weight_decay, int map, int64_t blocksize,
                            double state_bytes[NUM_PARAM_TENSORS]) {
     bnb8_config cfg = bnb8_config_default(oc->kind);
     cfg.lr = lr;
     cfg.weight_decay = weight_decay;
     cfg.format = r->format;
+    if (r->format == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)map; cfg.blocksize = blocksize; }
     if (oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
     int flash = r->format == BNB8_STATE_FLASH;
     size_t es = bnb8_dtype_size(pl->dtype);
@@ -1305,6 +1306,8 @@ typedef struct {
     float final_lr_frac;
     float grad_clip;          // global gradient norm clip (0 = off)
     const char *recipe, *optimizer;
+    int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
+    int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
     int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
     int release;              // gradient release (GPU, flash): step each layer inside backward
     int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
@@ -1345,6 +1348,7 @@ static void train_args_default(TrainArgs *a) {
     a->lr = 0.0f; a->weight_decay = -1.0f;
     a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f;
     a->recipe = "8bit"; a->optimizer = "adamw";
+    a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256;
     a->stable_embedding = -1;
     a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 48; a->ckpt_every = 0;
     a->stop_after = 0; a->seed = 1337; a->resume = 0; a->verbose = 1;
@@ -1825,7 +1829,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     if (a->B < 1 || a->T < 1 || a->steps < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
         !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
-        a->release < 0 || a->release > 1) {
+        a->release < 0 || a->release > 1 || a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0) {
         train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
         goto done;
     }
@@ -1838,6 +1842,10 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     float lr = a->lr > 0.0f ? a->lr : oc->lr, wd = a->weight_decay >= 0.0f ? a->weight_decay : oc->weight_decay;
     int flash = recipe->format == BNB8_STATE_FLASH;
     int on_gpu = a->device == 2 || (a->device == 0 && gpu_available());
+    if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && strcmp(a->recipe, "8bit") != 0) {
+        train_fail("-M and -K set the 8-bit states' map and block size: they need -r 8bit");
+        goto done;
+    }
     if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
         const char *why = !on_gpu ? "runs on the GPU only (-D 2)" : !flash ? "is for the flash recipe (-r flash)"
                         : a->grad_clip > 0.0f ? "steps each layer inside backward, before a global gradient norm "
@@ -1920,7 +1928,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         if (gpu_open(&gpu, &model, flash, a->release, a->B, a->T)) goto done;
         gpu_placement(&gpu, &model, &place);
     } else if (gpt2_alloc_acts(&model, a->B, a->T) || cpu_placement(&model, flash, &place)) goto done;
-    if (optimizer_build(&opt, &model, &place, recipe, oc, lr, wd, state_bytes)) goto done;
+    if (optimizer_build(&opt, &model, &place, recipe, oc, lr, wd, a->map, a->blocksize, state_bytes)) goto done;
 
     Rng rng = {a->seed};
     if (start > 0) {
@@ -1955,7 +1963,12 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
                cfg->stable_embedding ? "on" : "off");
         printf("data     %s (%lld tokens), val %s (%lld tokens)\n", train_file.path, (long long)train_file.count,
                have_val ? val_file.path : "none", (long long)val_file.count);
-        printf("recipe   %s: %s%s\n", recipe->name, recipe->about, a->release ? "; gradient release" : "");
+        printf("recipe   %s: %s%s", recipe->name, recipe->about, a->release ? "; gradient release" : "");
+        if (recipe->format == BNB8_STATE_8BIT && a->blocksize) printf(" (%s map, blocks of %lld)",
+                   a->map == BNB8_MAP_LINEAR ? "linear" : "dynamic", (long long)a->blocksize);
+        if (recipe->format == BNB8_STATE_8BIT && !a->blocksize) printf(" (%s map, one absmax per tensor)",
+                   a->map == BNB8_MAP_LINEAR ? "linear" : "dynamic");
+        printf("\n");
         printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g\n",
                oc->name, (double)lr, (long long)a->warmup, (double)(lr * a->final_lr_frac), (double)wd,
                (double)a->grad_clip);
@@ -2104,6 +2117,9 @@ static void usage(FILE *f) {
         "  -o <dir>    output directory for checkpoints (default none)\n"
         "  -r <name>   recipe: fp32 | 8bit | flash (bf16 weights + int8 correction, 8-bit states)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
+        "  -M <name>   8bit: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
+        "  -K <int>    8bit: block size, a power of two 64..4096, or 0 = one absmax per tensor (ablation;\n"
+        "              CPU only) (default %lld)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
         "  -R <0|1>    gradient release (GPU, flash, -g 0): each layer is stepped inside backward, as soon\n"
         "              as its gradients are final, and no full gradient buffer exists (default 0)\n"
@@ -2130,7 +2146,7 @@ static void usage(FILE *f) {
         "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release for flash\n"
         "only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
-        d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer,
+        d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
         (double)optimizers[2].lr, (long long)d.warmup, (double)d.final_lr_frac, (double)optimizers[0].weight_decay,
         (double)optimizers[1].weight_decay, (double)optimizers[2].weight_decay, (double)d.grad_clip,
@@ -2166,7 +2182,7 @@ static int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpDRwbtnluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKDRwbtnluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -2187,6 +2203,12 @@ static int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
             else st = train_fail("-D: unknown device '%s' (auto, cpu, gpu)", v);
             break;
         case 'R': st = parse_int(f, v, 0, 1, &n); a->release = (int)n; break;
+        case 'M':
+            if (strcmp(v, "dynamic") == 0) a->map = BNB8_MAP_DYNAMIC;
+            else if (strcmp(v, "linear") == 0) a->map = BNB8_MAP_LINEAR;
+            else st = train_fail("-M: unknown map '%s' (dynamic, linear)", v);
+            break;
+        case 'K': st = parse_int(f, v, 0, 4096, &a->blocksize); break;
         case 'w': st = parse_int(f, v, 0, 1, &n); a->stable_embedding = (int)n; break;
         case 'b': st = parse_int(f, v, 1, 1 << 20, &a->B); break;
         case 't': st = parse_int(f, v, 1, 1 << 20, &a->T); break;

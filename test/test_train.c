@@ -593,7 +593,7 @@ static void test_state_files(void) {
     double sb[NUM_PARAM_TENSORS];
     Placement pl;
     if (gpt2_init_random(&m, &c, 1) == 0 && cpu_placement(&m, 0, &pl) == 0 &&
-        optimizer_build(&opt, &m, &pl, &recipes[1], &optimizers[0], 1e-3f, 0.1f, sb) == 0) {
+        optimizer_build(&opt, &m, &pl, &recipes[1], &optimizers[0], 1e-3f, 0.1f, BNB8_MAP_DYNAMIC, 256, sb) == 0) {
         char op[256];
         tpath(op, sizeof op, "optim.bin");
         EXPECT(bnb8_optimizer_save(opt, op) == 0, "%s", bnb8_last_error());
@@ -658,7 +658,7 @@ static void test_settings(void) {
         {3, {"t", "-b", "0"}, "-b"}, {3, {"t", "-b", "x"}, "-b"}, {3, {"t", "-l", "-1"}, "-l"},
         {3, {"t", "-r", "4bit"}, "recipe"}, {3, {"t", "-p", "adam"}, "optimizer"}, {2, {"t", "file.bin"}, "unexpected"},
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
-        {3, {"t", "-R", "2"}, "-R"}};
+        {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -682,6 +682,20 @@ static void test_settings(void) {
     parse_args(1, (char **)gpu_flags, &a, given);
     apply_gpu_defaults(&a, given);
     EXPECT(strcmp(a.recipe, "flash") == 0 && a.release == 1 && a.grad_clip == 0.0f, "GPU defaults: flash + release");
+    // The ablations' options reach the optimizer: a linear map, one absmax per tensor (the state
+    // file's records, checked by the library's tests, say which); only for the 8bit recipe.
+    tiny_args(&a, "8bit", "adamw", 3);
+    TrainResult blocks = {0}, ab = {0};
+    EXPECT(train_run(&a, &blocks) == 0, "%s", train_error_text);
+    a.map = BNB8_MAP_LINEAR; a.blocksize = 0;
+    EXPECT(train_run(&a, &ab) == 0 && isfinite(ab.last_loss), "linear map, one block: '%s'", train_error_text);
+    EXPECT(ab.memory.states < blocks.memory.states, "one absmax per tensor: %.0f state bytes, blocks of 256: %.0f",
+           ab.memory.states, blocks.memory.states);
+    a.blocksize = 100;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "blocksize 100"), "-K 100: '%s'", train_error_text);
+    tiny_args(&a, "fp32", "adamw", 3);
+    a.map = BNB8_MAP_LINEAR;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-r 8bit"), "-M with fp32: '%s'", train_error_text);
     // Gradient release is the GPU's, for flash, without clipping; a CPU-only build has no GPU.
     tiny_args(&a, "flash", "adamw", 3);
     a.release = 1;
