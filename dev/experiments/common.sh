@@ -19,6 +19,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 : "${EXP_ONLY:=}"                              # run only these run names (space-separated)
 : "${EXP_FORCE:=0}"                            # 1: rerun runs whose log is already complete
 : "${EXP_PLOT_ONLY:=0}"                        # 1: no training, only the plots from the logs there
+: "${EXP_SHARD:=}"                             # K/N: make only runs K, K+N, K+2N, ... (0-based) of the study,
+                                               # so that N processes share one GPU (tokens/s then is not a speed)
+RUN_INDEX=0
 if [ -z "${TRAINER:-}" ]; then
     TRAINER=build/train_gpt2_8bit
     if [ -x build/train_gpt2_8bit_cuda ]; then TRAINER=build/train_gpt2_8bit_cuda; fi
@@ -56,6 +59,8 @@ run() {
     shift 2
     local log=$EXP_OUT/logs/$study/$name.log
     if [ "$EXP_PLOT_ONLY" = 1 ]; then return 0; fi
+    RUN_INDEX=$((RUN_INDEX + 1))
+    if [ -n "$EXP_SHARD" ] && [ $(((RUN_INDEX - 1) % ${EXP_SHARD#*/})) != "${EXP_SHARD%/*}" ]; then return 0; fi
     [ -z "$EXP_ONLY" ] || [[ " $EXP_ONLY " == *" $name "* ]] || return 0
     if [ "$EXP_FORCE" != 1 ] && grep -q '^speed ' "$log" 2>/dev/null; then
         grep -qxF "# settings $SETTINGS" "$log" || echo "$study/$name: WARNING: kept log was made with other settings"
@@ -94,6 +99,7 @@ run() {
         echo "# date $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
         echo "# settings $SETTINGS"
         echo "# cmd ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS }${cmd[*]}"
+        if [ -n "$EXP_SHARD" ]; then echo "# shared the device with other runs at the same time (EXP_SHARD=$EXP_SHARD)"; fi
     } > "$log"
     local t0=$SECONDS rc=0
     "${cmd[@]}" >> "$log" 2>&1 || rc=$?

@@ -36,7 +36,10 @@ def bytes_per_param(r):
 
 
 def speed(r):
-    return '—' if r['speed'] is None else f"{r['speed']:.0f}"
+    if r['speed'] is None:
+        return '—'
+    # EXP_SHARD: several runs at once on one device, so the speed is a share of it
+    return f"{r['speed']:.0f}" + (' (shared)' if 'shared' in r['header'] else '')
 
 
 def table(head, rows):
