@@ -56,6 +56,7 @@ info:
 	@echo "bnb8: stb_ds.h   $(if $(STB),$(STB),NOT FOUND: apt-get install libstb-dev)"
 	@echo "bnb8: nvcc       $(if $(NVCC),$(NVCC) $(NVCC_ARCH),not found: CPU-only library)"
 	@echo "bnb8: GPU        $(if $(GPU_CC),compute capability $(GPU_CC),none seen by nvidia-smi)"
+	@echo "bnb8: trainer    make train runs $(TRAIN_BIN)"
 
 $(BUILD):
 	@mkdir -p $(BUILD)
@@ -136,9 +137,9 @@ $(BUILD)/train_gpt2_8bit: train_gpt2_8bit.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
 	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
 # The trainer with the GPU model (-DTRAIN_CUDA, gpt2_cuda.cu, cuBLASLt): `make` builds it when nvcc is
-# there (so CI compiles it); it trains on the GPU when one is there, else on the CPU. `make train GPU=1`
-# runs it (the default once its device checks are done: issue P6).
-GPU ?=
+# there (so CI compiles it). `make train` runs it when nvidia-smi sees a GPU (d12, flash + release,
+# on the GPU), else the CPU trainer; `make train GPU=` picks the CPU trainer, `GPU=1` the CUDA one.
+GPU ?= $(if $(GPU_CC),1)
 TRAIN_BIN := $(if $(and $(NVCC),$(GPU)),$(BUILD)/train_gpt2_8bit_cuda,$(BUILD)/train_gpt2_8bit)
 TRAIN_CUDA_LIBS := $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a $(CUDA_LIBS) -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lstdc++
 $(BUILD)/train_gpt2_8bit_cuda: train_gpt2_8bit.c $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a gpt2_cuda.h bnb8.h | $(BUILD)
