@@ -36,14 +36,6 @@ else
   LIB_OBJS   := $(BUILD)/bnb8.o
 endif
 
-# stb_ds.h (Debian: libstb-dev) for the optimizer's name -> config map. Elsewhere, point STB_DIR
-# at a folder holding stb/stb_ds.h: `make STB_DIR=path`.
-STB_DIR ?= /usr/include
-STB := $(shell test -f $(STB_DIR)/stb/stb_ds.h && echo $(STB_DIR)/stb/stb_ds.h)
-ifneq ($(STB_DIR),/usr/include)
-  override CFLAGS += -I$(STB_DIR)
-endif
-
 TEST_SRCS := $(filter-out test/test_train_gpu.c,$(wildcard test/test_*.c))   # the GPU trainer test links CUDA
 HEADERS   := bnb8.h test/test.h
 
@@ -53,7 +45,6 @@ all: info $(BUILD)/libbnb8.a $(if $(NVCC),$(BUILD)/train_gpt2_8bit_cuda)
 info:
 	@echo "bnb8: compiler   $(CC) ($(shell $(CC) -dumpversion 2>/dev/null))"
 	@echo "bnb8: OpenMP     $(if $(OPENMP),yes,no (single-threaded CPU path))"
-	@echo "bnb8: stb_ds.h   $(if $(STB),$(STB),NOT FOUND: apt-get install libstb-dev)"
 	@echo "bnb8: nvcc       $(if $(NVCC),$(NVCC) $(NVCC_ARCH),not found: CPU-only library)"
 	@echo "bnb8: GPU        $(if $(GPU_CC),compute capability $(GPU_CC),none seen by nvidia-smi)"
 	@echo "bnb8: trainer    make train runs $(TRAIN_BIN)"
@@ -107,7 +98,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_NAMES   := model tokens tokenizer optim_state checkpoint
 FUZZ         ?= $(FUZZ_NAMES)
 FUZZ_CFLAGS  := -g -O1 -std=c11 -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas -ffp-contract=off \
-                -fno-fast-math -I. $(if $(filter-out /usr/include,$(STB_DIR)),-I$(STB_DIR)) \
+                -fno-fast-math -I. \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h bnb8.c bnb8.h train_gpt2_8bit.c | $(BUILD)
 	@mkdir -p $(BUILD)/fuzz

@@ -372,12 +372,7 @@ int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_sign
 // ------------------------------------------------------------------------------------------------
 // Optimizers
 
-#ifndef BNB8_NO_STB_DS_IMPLEMENTATION   // define it if your program already compiles stb_ds
-#define STB_DS_IMPLEMENTATION
-#endif
-#include <stb/stb_ds.h>
-
-typedef struct { char *key; bnb8_config value; } bnb8_override;
+typedef struct { char *name; bnb8_config cfg; } bnb8_override;
 
 typedef struct {
     char *name;
@@ -405,8 +400,10 @@ typedef struct {
 struct bnb8_optimizer {
     bnb8_optim kind;
     bnb8_config cfg;
-    bnb8_override *overrides;   // stb_ds string map: name -> configuration
-    bnb8_tensor *tensors;       // stb_ds array
+    bnb8_override *overrides;   // (num_overrides) name -> configuration, for tensors not added yet
+    int num_overrides;
+    bnb8_tensor *tensors;       // (num_tensors) in the order of bnb8_optimizer_add; ids index it
+    int num_tensors, tensors_capacity;
     int64_t nonfinite;          // non-finite gradient elements since the last take
     void *gpu_context;          // bnb8_cuda.cu's device scratch, made on the first GPU step
     float code[BNB8_NUM_MAPS][2][256];          // [map][is_signed]: the maps of 8-bit states
@@ -502,7 +499,6 @@ int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_conf
     if (!o) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_create");
     o->kind = kind;
     o->cfg = c;
-    sh_new_strdup(o->overrides);
     for (int is_signed = 0; is_signed < 2; is_signed++) {
         bnb8_map_dynamic(o->code[BNB8_MAP_DYNAMIC][is_signed], is_signed);
         bnb8_map_linear(o->code[BNB8_MAP_LINEAR][is_signed], is_signed);
@@ -514,25 +510,44 @@ int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_conf
 
 void bnb8_optimizer_free(bnb8_optimizer *opt) {
     if (!opt) return;
-    for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++) {
+    for (int i = 0; i < opt->num_tensors; i++) {
         free(opt->tensors[i].name);
         if (opt->tensors[i].on_gpu) bnb8_cuda_free(opt->tensors[i].memory);
         else free(opt->tensors[i].memory);
     }
-    arrfree(opt->tensors);
-    shfree(opt->overrides);
+    free(opt->tensors);
+    for (int i = 0; i < opt->num_overrides; i++) free(opt->overrides[i].name);
+    free(opt->overrides);
     if (opt->gpu_context) bnb8_cuda_context_free(opt->gpu_context);
     free(opt);
+}
+
+static bnb8_override *bnb8_find_override(bnb8_optimizer *opt, const char *name) {
+    for (int i = 0; i < opt->num_overrides; i++)
+        if (strcmp(opt->overrides[i].name, name) == 0) return &opt->overrides[i];
+    return NULL;
 }
 
 int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
     if (!opt || !name || !cfg) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_override: NULL argument");
     int status = bnb8_check_config("bnb8_optimizer_override", opt->kind, cfg);
     if (status) return status;
-    for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++)
+    for (int i = 0; i < opt->num_tensors; i++)
         if (strcmp(opt->tensors[i].name, name) == 0)
             return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: '%s' is already added", name);
-    shput(opt->overrides, name, *cfg);
+    bnb8_override *o = bnb8_find_override(opt, name);
+    if (o) {   // a second override of a name replaces the first
+        o->cfg = *cfg;
+        return BNB8_OK;
+    }
+    char *copy = (char *)malloc(strlen(name) + 1);
+    o = (bnb8_override *)realloc(opt->overrides, (opt->num_overrides + 1) * sizeof *o);
+    if (!copy || !o) {
+        free(copy);
+        return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_override");
+    }
+    opt->overrides = o;
+    opt->overrides[opt->num_overrides++] = (bnb8_override){strcpy(copy, name), *cfg};
     return BNB8_OK;
 }
 
@@ -581,7 +596,7 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     int status = bnb8_check_dtype(fn, param_dtype);
     if (!status) status = bnb8_check_dtype(fn, grad_dtype);
     if (status) return status;
-    for (ptrdiff_t i = 0; i < arrlen(opt->tensors); i++)
+    for (int i = 0; i < opt->num_tensors; i++)
         if (strcmp(opt->tensors[i].name, name) == 0)
             return bnb8_fail(BNB8_ERR_ARG, "%s: a tensor named '%s' is already added", fn, name);
     bnb8_tensor t = {0};
@@ -589,8 +604,8 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     t.on_gpu = bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(param);
     if (grad && bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(grad) != t.on_gpu)
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' has param and grad on different devices", fn, name);
-    ptrdiff_t o = shgeti(opt->overrides, name);
-    t.cfg = o >= 0 ? opt->overrides[o].value : opt->cfg;
+    const bnb8_override *o = bnb8_find_override(opt, name);
+    t.cfg = o ? o->cfg : opt->cfg;
     t.format = t.cfg.format != BNB8_STATE_32BIT && n >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
     for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
@@ -631,28 +646,35 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
         }
     }
     t.name = (char *)malloc(strlen(name) + 1);
-    if (!t.name) {
+    if (t.name && opt->num_tensors == opt->tensors_capacity) {   // grow by doubling
+        int capacity = opt->tensors_capacity ? 2 * opt->tensors_capacity : 16;
+        bnb8_tensor *grown = (bnb8_tensor *)realloc(opt->tensors, (size_t)capacity * sizeof *grown);
+        if (grown) { opt->tensors = grown; opt->tensors_capacity = capacity; }
+    }
+    if (!t.name || opt->num_tensors == opt->tensors_capacity) {
+        free(t.name);
         if (t.on_gpu) bnb8_cuda_free(t.memory); else free(t.memory);
         return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
     }
     strcpy(t.name, name);
-    arrput(opt->tensors, t);
-    if (id) *id = (int)arrlen(opt->tensors) - 1;
+    opt->tensors[opt->num_tensors] = t;
+    if (id) *id = opt->num_tensors;
+    opt->num_tensors++;
     return BNB8_OK;
 }
 
 int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad) {
     if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_set_grad: opt is NULL");
-    if (id < 0 || id >= arrlen(opt->tensors))
+    if (id < 0 || id >= opt->num_tensors)
         return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_set_grad: no tensor %d", id);
     opt->tensors[id].grad = grad;
     return BNB8_OK;
 }
 
-int bnb8_optimizer_count(const bnb8_optimizer *opt) { return opt ? (int)arrlen(opt->tensors) : 0; }
+int bnb8_optimizer_count(const bnb8_optimizer *opt) { return opt ? opt->num_tensors : 0; }
 
 int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id) {
-    return opt && id >= 0 && id < arrlen(opt->tensors) ? opt->tensors[id].step : -1;
+    return opt && id >= 0 && id < opt->num_tensors ? opt->tensors[id].step : -1;
 }
 
 int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt) {
@@ -665,7 +687,7 @@ int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt) {
 
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
     bnb8_memory m = {0};
-    for (ptrdiff_t i = 0; opt && i < arrlen(opt->tensors); i++) {
+    for (int i = 0; opt && i < opt->num_tensors; i++) {
         const bnb8_tensor *t = &opt->tensors[i];
         m.params += t->n;
         m.weights += (double)t->n * (double)bnb8_dtype_size(t->param_dtype);
@@ -681,7 +703,7 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
 int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
     const char *fn = "bnb8_optimizer_export_fp32";
     if (!opt || !out) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or out is NULL", fn);
-    if (id < 0 || id >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
+    if (id < 0 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
     const bnb8_tensor *t = &opt->tensors[id];
     if (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(out))
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: out must be host memory", fn);
@@ -708,7 +730,7 @@ int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
 int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
     const char *fn = "bnb8_optimizer_import_fp32";
     if (!opt || !in) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or in is NULL", fn);
-    if (id < 0 || id >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
+    if (id < 0 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
     bnb8_tensor *t = &opt->tensors[id];
     if (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(in))
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: in must be host memory", fn);
@@ -988,7 +1010,7 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
         return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g, gnorm_scale %g", fn, (double)lr, (double)gnorm_scale);
     int gpu_tensors = 0;
     for (int i = 0; i < count; i++) {
-        if (ids[i] < 0 || ids[i] >= arrlen(opt->tensors)) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, ids[i]);
+        if (ids[i] < 0 || ids[i] >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, ids[i]);
         const bnb8_tensor *t = &opt->tensors[ids[i]];
         if (!t->grad) return bnb8_fail(BNB8_ERR_NULL, "%s: '%s' has no gradient", fn, t->name);
         gpu_tensors += t->on_gpu;
@@ -1000,7 +1022,7 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
 
 int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream) {
     if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_step: opt is NULL");
-    int count = (int)arrlen(opt->tensors);
+    int count = opt->num_tensors;
     int *ids = (int *)malloc(sizeof(int) * (size_t)(count > 0 ? count : 1));
     if (!ids) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step");
     for (int i = 0; i < count; i++) ids[i] = i;
@@ -1098,12 +1120,12 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     FILE *f = fopen(tmp, "wb");
     if (!f) { int s = bnb8_fail(BNB8_ERR_IO, "%s: cannot create %s", fn, tmp); free(tmp); return s; }
     int ok = 1, status = BNB8_OK;
-    uint32_t crc = 0, header[3] = {BNB8_STATE_VERSION, (uint32_t)opt->kind, (uint32_t)arrlen(opt->tensors)};
+    uint32_t crc = 0, header[3] = {BNB8_STATE_VERSION, (uint32_t)opt->kind, (uint32_t)opt->num_tensors};
     ok &= bnb8_write(f, BNB8_STATE_MAGIC, 8, &crc);
     ok &= bnb8_write(f, header, sizeof header, &crc);
     uint32_t header_crc = crc;
     ok &= bnb8_write(f, &header_crc, 4, &crc);
-    for (ptrdiff_t i = 0; ok && !status && i < arrlen(opt->tensors); i++) {
+    for (int i = 0; ok && !status && i < opt->num_tensors; i++) {
         const bnb8_tensor *t = &opt->tensors[i];
         uint32_t name_len = (uint32_t)strlen(t->name), format = bnb8_record_format(t), nstates = (uint32_t)t->nstates;
         size_t weight_bytes = bnb8_record_weight_bytes(t);
@@ -1148,7 +1170,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
     FILE *f = fopen(path, "rb");
     if (!f) return bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path);
-    ptrdiff_t count = arrlen(opt->tensors);
+    ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
     int status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);

@@ -1104,8 +1104,12 @@ static void test_overrides(void) {
     EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &base) == 0 && bnb8_optimizer_create(&twin, BNB8_ADAMW, &base) == 0,
            "create: %s", bnb8_last_error());
     if (!opt || !twin) { bnb8_optimizer_free(opt); bnb8_optimizer_free(twin); return; }
-    EXPECT(bnb8_optimizer_override(opt, "wte", &over[0]) == 0 && bnb8_optimizer_override(opt, "h1", &over[2]) == 0 &&
-           bnb8_optimizer_override(opt, "not_added", &over[0]) == 0, "override: %s", bnb8_last_error());
+    // h1 twice (the second replaces the first), from a buffer overwritten after (the name is copied)
+    char h1[3] = "h1";
+    EXPECT(bnb8_optimizer_override(opt, "wte", &over[0]) == 0 && bnb8_optimizer_override(opt, h1, &over[0]) == 0 &&
+           bnb8_optimizer_override(opt, h1, &over[2]) == 0 && bnb8_optimizer_override(opt, "not_added", &over[0]) == 0,
+           "override: %s", bnb8_last_error());
+    strcpy(h1, "xx");
     pair T[3];
     float *tp[3];
     for (int j = 0; j < 3; j++) {
