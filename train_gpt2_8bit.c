@@ -2083,7 +2083,8 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
                (long long)trained, (long long)(a->B * a->T), train_time);
         printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)first_loss, (long long)(start + 1),
                (double)last_loss, (long long)end);
-        if (have_val) printf("; val %.4f -> %.4f", (double)val_first, (double)val_last);
+        if (have_val && !isnan(val_first)) printf("; val %.4f -> %.4f", (double)val_first, (double)val_last);
+        else if (have_val) printf("; val %.4f (none at the start: -v 0 or a resumed run)", (double)val_last);
         printf("\n");
         if (res->skipped_steps)
             printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);
