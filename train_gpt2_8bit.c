@@ -1300,6 +1300,7 @@ typedef struct {
     const char *model;        // descriptor (d12, d4c128h4, ...) or an llm.c .bin checkpoint
     const char *out_dir;      // checkpoints go here; "" = none
     int64_t B, T, steps;
+    int64_t accum;            // micro-batches of (B, T) per optimizer step (gradient accumulation)
     float lr;                 // <= 0: the optimizer's default
     float weight_decay;       // < 0: the optimizer's default
     int64_t warmup;           // linear warm-up steps, then cosine decay to final_lr_frac * lr
@@ -1344,7 +1345,7 @@ static void train_args_default(TrainArgs *a) {
     a->tokenizer_path = DEFAULT_DATA_DIR "gpt2_tokenizer.bin";
     a->model = "d4c128h4";
     a->out_dir = "";
-    a->B = 8; a->T = 64; a->steps = 150;
+    a->B = 8; a->T = 64; a->steps = 150; a->accum = 1;
     a->lr = 0.0f; a->weight_decay = -1.0f;
     a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f;
     a->recipe = "8bit"; a->optimizer = "adamw";
@@ -1374,12 +1375,14 @@ typedef struct {
     int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
     uint64_t rng, seed;
     int64_t release;          // the optimizer's tensors are per-layer slices (word 12; 0 in older files)
+    int64_t accum;            // micro-batches per step (word 13; 0 in older files, meaning 1)
 } TrainerState;
 
 static int state_writer(FILE *f, const void *ctx) {
     const TrainerState *s = (const TrainerState *)ctx;
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
-                              s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps, s->release};
+                              s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps, s->release,
+                              s->accum};
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
@@ -1398,8 +1401,9 @@ static int state_load(TrainerState *s, const char *path) {
     if (status) return status;
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
+    s->accum = w[13] == 0 ? 1 : w[13];
     if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= NUM_RECIPES ||
-        s->optimizer < 0 || s->optimizer >= NUM_OPTIMIZERS || (s->release != 0 && s->release != 1))
+        s->optimizer < 0 || s->optimizer >= NUM_OPTIMIZERS || (s->release != 0 && s->release != 1) || s->accum < 1)
         return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
                           (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
     return 0;
@@ -1577,23 +1581,39 @@ static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
 // One training step on the GPU: forward, backward and the optimizer (inside backward under release).
 // *norm: the global gradient norm (NAN under release, where it is never formed); *skipped: 1 when
 // it was not finite and nothing was updated. Waits for the GPU at the end (the loss).
-static int gpu_train_step(Gpu *g, const GPT2 *m, bnb8_optimizer *opt, const int *inputs, const int *targets,
-                          int64_t B, int64_t T, float lr, float clip, float *loss, double *norm, int *skipped) {
+// gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
+// the norm of their mean: the mean, clipped at clip (0 = off).
+static float step_scale(double norm, float clip, int64_t accum) {
+    float scale = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
+    return scale / (float)accum;
+}
+
+// The gradients of one micro-batch: overwritten (accumulate 0) or added to (1); with release each
+// layer is stepped inside backward (at lr). Waits for the loss.
+static int gpu_forward_backward(Gpu *g, const GPT2 *m, bnb8_optimizer *opt, const int *inputs, const int *targets,
+                                int64_t B, int64_t T, int accumulate, float lr, float *loss) {
     g->host = m; g->opt = opt; g->lr = lr;
-    *norm = NAN;
-    *skipped = 0;
     if (gpt2_cuda_forward(g->model, inputs, targets, (int)B, (int)T, 1) ||
-        gpt2_cuda_backward(g->model, &g->grads, 0, g->release ? gpu_grads_ready : NULL, g))
+        gpt2_cuda_backward(g->model, &g->grads, accumulate, g->release ? gpu_grads_ready : NULL, g))
         return train_fail("GPU step: %s%s%s", gpt2_cuda_last_error(), g->release ? "; optimizer: " : "",
                           g->release ? bnb8_last_error() : "");
-    if (!g->release) {
-        if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
-        *skipped = !isfinite(*norm);
-        float scale = clip > 0.0f && *norm > clip ? (float)(clip / *norm) : 1.0f;
-        if (!*skipped && bnb8_optimizer_step(opt, lr, scale, gpt2_cuda_stream(g->model)))
-            return train_fail("optimizer step: %s", bnb8_last_error());
-    }
     if (gpt2_cuda_loss(g->model, loss, NULL)) return train_fail("GPU loss: %s", gpt2_cuda_last_error());
+    gpu_note_memory(g);
+    return 0;
+}
+
+// The optimizer step on gradients summed over accum micro-batches (*norm: their mean's norm); with
+// release the layers were stepped in backward and nothing is left to do.
+static int gpu_optimizer_step(Gpu *g, bnb8_optimizer *opt, float lr, float clip, int64_t accum, double *norm,
+                              int *skipped) {
+    *norm = NAN;
+    *skipped = 0;
+    if (g->release) return 0;
+    if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
+    *norm /= (double)accum;
+    *skipped = !isfinite(*norm);
+    if (!*skipped && bnb8_optimizer_step(opt, lr, step_scale(*norm, clip, accum), gpt2_cuda_stream(g->model)))
+        return train_fail("optimizer step: %s", bnb8_last_error());
     gpu_note_memory(g);
     return 0;
 }
@@ -1826,7 +1846,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
 
     if (ri < 0) { train_fail("unknown recipe '%s' (fp32, 8bit, flash)", a->recipe); goto done; }
     if (oi < 0) { train_fail("unknown optimizer '%s' (adamw, lion, sgd)", a->optimizer); goto done; }
-    if (a->B < 1 || a->T < 1 || a->steps < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
+    if (a->B < 1 || a->T < 1 || a->steps < 1 || a->accum < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
         !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
         a->release < 0 || a->release > 1 || a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0) {
@@ -1849,7 +1869,9 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
         const char *why = !on_gpu ? "runs on the GPU only (-D 2)" : !flash ? "is for the flash recipe (-r flash)"
                         : a->grad_clip > 0.0f ? "steps each layer inside backward, before a global gradient norm "
-                                                "exists: turn clipping off (-g 0)" : NULL;
+                                                "exists: turn clipping off (-g 0)"
+                        : a->accum > 1 ? "steps each layer inside backward, so gradients cannot accumulate over "
+                                         "micro-batches: use -A 1" : NULL;
         if (why) { train_fail("gradient release (-R 1) %s", why); goto done; }
     }
 
@@ -1867,11 +1889,12 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         checkpoint_path(path, sizeof path, a->out_dir, "state", start, ".bin");
         if (state_load(&st, path)) goto done;
         if (st.step != start || st.B != a->B || st.T != a->T || st.recipe != ri || st.optimizer != oi ||
-            st.release != a->release) {
-            train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, recipe %s, optimizer %s, release %lld; "
-                       "this run asks for B=%lld, T=%lld, recipe %s, optimizer %s, release %d", path, (long long)st.step,
-                       (long long)st.B, (long long)st.T, recipes[st.recipe].name, optimizers[st.optimizer].name,
-                       (long long)st.release, (long long)a->B, (long long)a->T, recipe->name, oc->name, a->release);
+            st.release != a->release || st.accum != a->accum) {
+            train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
+                       "release %lld; this run asks for B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, release %d", path,
+                       (long long)st.step, (long long)st.B, (long long)st.T, (long long)st.accum, recipes[st.recipe].name,
+                       optimizers[st.optimizer].name, (long long)st.release, (long long)a->B, (long long)a->T,
+                       (long long)a->accum, recipe->name, oc->name, a->release);
             goto done;
         }
         checkpoint_path(model_path, sizeof model_path, a->out_dir, "model", start, ".bin");
@@ -1972,7 +1995,9 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g\n",
                oc->name, (double)lr, (long long)a->warmup, (double)(lr * a->final_lr_frac), (double)wd,
                (double)a->grad_clip);
-        printf("train    B=%lld T=%lld, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T,
+        char micro[64] = "";
+        if (a->accum > 1) snprintf(micro, sizeof micro, ", %lld micro-batches per step", (long long)a->accum);
+        printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
                (long long)start + 1, (long long)end, (long long)a->steps, start > 0 ? " (resumed)" : "");
         print_memory(&model, &gpu, opt, state_bytes, recipe);
         fflush(stdout);
@@ -1988,22 +2013,31 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     float first_loss = NAN, last_loss = NAN;
     for (int64_t s = start + 1; s <= end; s++) {
         double t0 = now_seconds();
-        loader_next(&loader);
-        float step_lr = lr_schedule(a, lr, s), loss = NAN;
+        float step_lr = lr_schedule(a, lr, s), loss = 0.0f;
         double norm = NAN;
         int skipped = 0;
+        // A micro-batches: their gradients add up (A times the mean gradient), the loss is their mean
+        for (int64_t micro = 0; micro < a->accum; micro++) {
+            loader_next(&loader);
+            float micro_loss = NAN;
+            if (on_gpu) {
+                if (gpu_forward_backward(&gpu, &model, opt, loader.inputs, loader.targets, a->B, a->T, micro > 0,
+                                         step_lr, &micro_loss)) goto done;
+            } else {
+                micro_loss = gpt2_forward(&model, loader.inputs, loader.targets, a->B, a->T);
+                if (micro == 0) gpt2_zero_grad(&model);
+                gpt2_backward(&model);   // adds to the gradients
+            }
+            loss += micro_loss / (float)a->accum;
+        }
         if (on_gpu) {
-            if (gpu_train_step(&gpu, &model, opt, loader.inputs, loader.targets, a->B, a->T, step_lr, a->grad_clip,
-                               &loss, &norm, &skipped)) goto done;
+            if (gpu_optimizer_step(&gpu, opt, step_lr, a->grad_clip, a->accum, &norm, &skipped)) goto done;
         } else {
-            loss = gpt2_forward(&model, loader.inputs, loader.targets, a->B, a->T);
-            gpt2_zero_grad(&model);
-            gpt2_backward(&model);
             if (train_after_backward) train_after_backward(&model, opt, s);
-            norm = grad_norm(&model);
+            norm = grad_norm(&model) / (double)a->accum;
             skipped = !isfinite(norm);
             if (!skipped) {
-                float scale = a->grad_clip > 0.0f && norm > a->grad_clip ? (float)(a->grad_clip / norm) : 1.0f;
+                float scale = step_scale(norm, a->grad_clip, a->accum);
                 if (flash) flash_grads_to_bf16(&model);   // the norm is the fp32 gradients'
                 if (bnb8_optimizer_step(opt, step_lr, scale, NULL)) { train_fail("optimizer step: %s", bnb8_last_error()); goto done; }
                 if (flash) flash_weights_to_fp32(&model);
@@ -2025,7 +2059,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         if (res->losses) res->losses[s - 1] = loss;
         if (a->verbose) {
             printf("step %5lld/%lld | loss %.4f | lr %.3e | norm %6.3f | %7.1f ms | %7.0f tok/s\n", (long long)s,
-                   (long long)a->steps, (double)loss, (double)step_lr, norm, 1e3 * dt, (double)(a->B * a->T) / dt);
+                   (long long)a->steps, (double)loss, (double)step_lr, norm, 1e3 * dt, (double)(a->B * a->T * a->accum) / dt);
             fflush(stdout);
         }
         if (have_val && a->eval_every > 0 && (s % a->eval_every == 0 || s == a->steps)) {
@@ -2036,7 +2070,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
             print_sample(&model, &gpu, &rng, &tok, a->gen_tokens);
         if (has_out && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after)) {
             TrainerState save = {s, loader.position, a->B, a->T, ri, oi, cfg->stable_embedding, a->steps, rng.s, a->seed,
-                                 a->release};
+                                 a->release, a->accum};
             // The model file holds fp32 weights: on the GPU fetched into the host copy; for flash on
             // the CPU the masters, decoded into the free gradient buffer.
             if (on_gpu && gpu_fetch_weights(&gpu, &model, opt)) goto done;
@@ -2058,7 +2092,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     res->first_loss = first_loss;
     res->last_loss = last_loss;
     res->val_loss = val_last;
-    res->tokens_per_second = train_time > 0.0 ? (double)(trained * a->B * a->T) / train_time : 0.0;
+    res->tokens_per_second = train_time > 0.0 ? (double)(trained * a->B * a->T * a->accum) / train_time : 0.0;
     res->memory = bnb8_optimizer_memory(opt, !a->release);
     res->on_gpu = on_gpu;
     if (on_gpu) {
@@ -2080,7 +2114,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
         double peak = peak_resident_bytes();
         if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); printf("\n"); }
         printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s, after the first step)\n", res->tokens_per_second,
-               (long long)trained, (long long)(a->B * a->T), train_time);
+               (long long)trained, (long long)(a->B * a->T * a->accum), train_time);
         printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)first_loss, (long long)(start + 1),
                (double)last_loss, (long long)end);
         if (have_val && !isnan(val_first)) printf("; val %.4f -> %.4f", (double)val_first, (double)val_last);
@@ -2130,6 +2164,7 @@ static void usage(FILE *f) {
         "  -b <int>    batch size B                     (default %lld)\n"
         "  -t <int>    sequence length T                (default %lld)\n"
         "  -n <int>    training steps                   (default %lld)\n"
+        "  -A <int>    micro-batches of B x T per step (gradient accumulation; not with -R 1)  (default 1)\n"
         "  -l <float>  peak learning rate (default per optimizer: adamw %g, lion %g, sgd %g)\n"
         "  -u <int>    warm-up steps, then cosine decay (default %lld)\n"
         "  -q <float>  final learning rate, fraction of -l (default %g)\n"
@@ -2214,6 +2249,7 @@ static int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'b': st = parse_int(f, v, 1, 1 << 20, &a->B); break;
         case 't': st = parse_int(f, v, 1, 1 << 20, &a->T); break;
         case 'n': st = parse_int(f, v, 1, INT64_C(1) << 40, &a->steps); break;
+        case 'A': st = parse_int(f, v, 1, 1 << 20, &a->accum); break;
         case 'l': st = parse_float(f, v, 1e-12, 1e3, &a->lr); break;
         case 'u': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->warmup); break;
         case 'q': st = parse_float(f, v, 0.0, 1.0, &a->final_lr_frac); break;

@@ -387,6 +387,60 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     test_remove_tree(dir_b, 1);
 }
 
+// Gradient accumulation: A = 2 micro-batches of B = 4 read the same tokens as one batch of B = 8,
+// and the mean of their two mean gradients is the batch's mean gradient: the same training but
+// for the order of float sums. B = 4 alone shows that the second micro-batch counts. A resumed
+// A = 2 run is bit-exact; resuming it with another A is refused.
+static void test_accumulation(void) {
+    // SGD too: Adam hardly notices gradients A times too large, SGD does
+    const char *rec[4] = {"fp32", "8bit", "flash", "8bit"}, *opt[4] = {"adamw", "adamw", "adamw", "sgd"};
+    enum { N = 8 };
+    for (int k = 0; k < 4; k++) {
+        TrainArgs a;
+        tiny_args(&a, rec[k], opt[k], N);
+        float l8[N], l44[N], l4[N];
+        TrainResult r8 = {0}, r44 = {0}, r4 = {0};
+        r8.losses = l8; r44.losses = l44; r4.losses = l4;
+        a.B = 8;
+        EXPECT(train_run(&a, &r8) == 0, "%s B=8: %s", rec[k], train_error_text);
+        a.B = 4; a.accum = 2;
+        EXPECT(train_run(&a, &r44) == 0, "%s B=4 A=2: %s", rec[k], train_error_text);
+        a.accum = 1;
+        EXPECT(train_run(&a, &r4) == 0, "%s B=4: %s", rec[k], train_error_text);
+        double worst = 0.0;
+        for (int i = 0; i < N; i++) worst = fmax(worst, fabs((double)l44[i] - l8[i]) / l8[i]);
+        EXPECT(worst <= 1e-4, "%s: B=4 A=2 vs B=8: loss gap %.2e > 1e-4", rec[k], worst);
+        // the validation batches are B x T: B=4 A=2 and B=4 alone see the same ones
+        EXPECT(fabs((double)r4.val_loss - r44.val_loss) > 1e-2, "%s: B=4 alone validates as B=4 A=2 (%.6f vs %.6f): "
+               "the second micro-batch is not seen", rec[k], (double)r4.val_loss, (double)r44.val_loss);
+        if (tverbose)
+            printf("    %s %s: B=4 A=2 vs B=8, %d steps: worst loss gap %.1e; val B=4 A=2 %.6f, B=4 alone %.6f\n",
+                   rec[k], opt[k], N, worst, (double)r44.val_loss, (double)r4.val_loss);
+    }
+    // stop at step 3 and resume to 6 with A = 2: the same bits as 6 straight steps
+    char dir_a[256], dir_b[256];
+    tpath(dir_a, sizeof dir_a, "accum_a");
+    tpath(dir_b, sizeof dir_b, "accum_b");
+    TrainArgs a;
+    tiny_args(&a, "8bit", "adamw", 6);
+    a.accum = 2;
+    float la[6], lb[6];
+    TrainResult ra = {0}, rb = {0};
+    ra.losses = la; rb.losses = lb;
+    a.out_dir = dir_a;
+    EXPECT(train_run(&a, &ra) == 0, "A=2 straight: %s", train_error_text);
+    a.out_dir = dir_b; a.stop_after = 3;
+    EXPECT(train_run(&a, &rb) == 0, "A=2 first part: %s", train_error_text);
+    a.stop_after = 0; a.resume = 1;
+    EXPECT(train_run(&a, &rb) == 0 && rb.first_step == 4, "A=2 resumed: %s", train_error_text);
+    EXPECT(memcmp(la, lb, sizeof la) == 0 && memcmp(&ra.val_loss, &rb.val_loss, 4) == 0,
+           "A=2: stop at 3 + resume to 6 differs from 6 straight steps");
+    a.steps = 9; a.accum = 3;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "A=2"), "resume with -A 3: '%s'", train_error_text);
+    test_remove_tree(dir_a, 1);
+    test_remove_tree(dir_b, 1);
+}
+
 static void test_resume(void) {
     resume_case("fp32", "adamw", 0);
     resume_case("8bit", "adamw", 0);
@@ -572,7 +626,7 @@ static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
     tpath(bad, sizeof bad, "bad_state.bin");
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
@@ -582,6 +636,7 @@ static void test_state_files(void) {
     variant(bad, d, size, 2, 9, size);        expect_refused(load_state_file, bad, "version", "state: wrong version");
     variant(bad, d, size, 5, -1, size);       expect_refused(load_state_file, bad, "step", "state: negative step");
     variant(bad, d, size, 14, 99, size);      expect_refused(load_state_file, bad, "inconsistent", "state: bad recipe");
+    variant(bad, d, size, 27, -1, size);      expect_refused(load_state_file, bad, "inconsistent", "state: negative micro-batches");
     variant(bad, d, size, -1, 0, size - 8);   expect_refused(load_state_file, bad, "truncated", "state: truncated");
     variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
     free(d);
@@ -658,7 +713,8 @@ static void test_settings(void) {
         {3, {"t", "-b", "0"}, "-b"}, {3, {"t", "-b", "x"}, "-b"}, {3, {"t", "-l", "-1"}, "-l"},
         {3, {"t", "-r", "4bit"}, "recipe"}, {3, {"t", "-p", "adam"}, "optimizer"}, {2, {"t", "file.bin"}, "unexpected"},
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
-        {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"}};
+        {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"},
+        {3, {"t", "-A", "0"}, "-A"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -732,6 +788,7 @@ void tests_train(void) {
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
     test_run("train: 50 steps lower the loss; 8-bit and flash within 2% of fp32", test_training);
     test_run("train: stop and resume is bit-exact (fp32, 8bit, flash; adamw, lion, sgd)", test_resume);
+    test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
     test_run("train: tokenizer files: bad ones refused, naming the file", test_tokenizer_files);

@@ -9,6 +9,8 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            within 1% of the CPU's;
   release  flash with gradient release equals flash without it bit for bit (clipping off): the
            per-layer slices are stepped inside backward with the same per-element math;
+  accum    B=2 x 2 micro-batches (-A 2) trains as B=4 on the GPU (fp32 + SGD within 1e-4, flash within
+           1%, bf16 gradient sums); release refuses -A 2;
   resume   stop at step 3, resume to 6: bit-identical to a run that never stopped, for fp32, 8bit,
            flash and flash + release;
   memory   d12 (-w 0, B=16, T=1024): persistent bytes per parameter 16, 10.031, 7.125, 5.125 for fp32,
@@ -136,6 +138,33 @@ static void test_release_equal(void) {
     free(p0); free(p1);
 }
 
+// Gradient accumulation on the GPU: B=2 x 2 micro-batches (the second backward adds to the
+// gradients) trains as B=4, fp32 recipe with SGD (which sees a gradient A times too large) and flash
+// with AdamW (bf16 gradients summed in bf16); release with -A 2 is refused.
+static void test_accumulation(void) {
+    const char *rec[2] = {"fp32", "flash"}, *opt[2] = {"sgd", "adamw"};
+    const double bar[2] = {1e-4, 1e-2};   // fp32: summation order only; flash: bf16 gradient sums
+    for (int k = 0; k < 2; k++) {
+        float l4[6], l22[6];
+        TrainArgs a;
+        small_args(&a, rec[k], opt[k], 6, 2);
+        int ok = run(&a, l4, NULL, 0, NULL) == 0;
+        a.B = 2; a.accum = 2;
+        ok = ok && run(&a, l22, NULL, 0, NULL) == 0;
+        CHECK(ok, "%s accumulation runs", rec[k]);
+        if (!ok) continue;
+        double worst = 0.0;
+        for (int s = 0; s < 6; s++) worst = fmax(worst, fabs((double)l22[s] - l4[s]) / l4[s]);
+        CHECK(worst <= bar[k], "%s %s: B=2 A=2 vs B=4: loss gap %.2e > %.0e", rec[k], opt[k], worst, bar[k]);
+        printf("  accumulation: %s %s on the GPU, B=2 x 2 micro-batches vs B=4, 6 steps: worst loss gap %.1e (bar %.0e)\n",
+               rec[k], opt[k], worst, bar[k]);
+    }
+    TrainArgs a;
+    small_args(&a, "flash", "adamw", 2, 2);
+    a.release = 1; a.grad_clip = 0.0f; a.accum = 2;
+    CHECK(train_run(&a, NULL) != 0 && strstr(train_error_text, "-A 1"), "release with -A 2: '%s'", train_error_text);
+}
+
 static void test_resume(void) {
     const char *recipes_[] = {"fp32", "8bit", "flash", "flash"};
     int64_t n = num_params("d2c64h2");
@@ -194,6 +223,7 @@ int main(void) {
     test_parity_fp32();
     test_bf16_losses();
     test_release_equal();
+    test_accumulation();
     test_resume();
     test_memory_d12();
     printf("%d passed, %d failed\n", passes, failures);

@@ -10,7 +10,7 @@ SPEED = re.compile(r'^speed\s+(\S+) tokens/s')
 TOTAL = re.compile(r'= ([0-9.]+)\s*$')                           # "weights .. + optimizer state .. = X"
 SCRATCH = re.compile(r'\): ([0-9.]+) bytes per parameter')     # release's gradient scratch, 2nd line
 MODEL = re.compile(r'^model\s+(\S+): .*, (\d+) parameters, StableEmbedding (\w+)')
-TRAIN = re.compile(r'^train\s+B=(\d+) T=(\d+), steps \d+\.\.\d+ of (\d+)')
+TRAIN = re.compile(r'^train\s+B=(\d+) T=(\d+)(, \d+ micro-batches per step)?, steps \d+\.\.\d+ of (\d+)')
 RECIPE = re.compile(r'^recipe\s+(\S+): (.*)')
 OPTIM = re.compile(r'^optim\s+(\S+), lr (\S+)')
 
@@ -44,7 +44,7 @@ def parse(path):
         elif m := MODEL.match(line):
             r['model'], r['params'], r['stable'] = m[1], int(m[2]), m[3]
         elif m := TRAIN.match(line):
-            r['shape'] = f'B={m[1]} T={m[2]}, {m[3]} steps'
+            r['shape'] = f'B={m[1]} T={m[2]}{m[3] or ""}, {m[4]} steps'
         elif m := RECIPE.match(line):
             r['recipe'], r['recipe_about'] = m[1], m[2]
         elif m := OPTIM.match(line):
