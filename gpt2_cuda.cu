@@ -6,6 +6,9 @@ Written from the math, in the flat style of the CPU model: one kernel per operat
 comments, N = B*T rows. Matrix products go through cuBLASLt with fp32 accumulation
 (CUBLAS_COMPUTE_32F: no TF32, so the fp32 mode stays within rounding of the CPU); attention is the
 plain form, two batched products around a causal softmax, with the probabilities kept per layer.
+Activation recomputation (config recompute = 1) keeps only each layer's output, the residual stream,
+and re-runs a layer's forward (layer_forward, the one the forward runs) into one layer's buffers just
+before that layer's backward.
 Row kernels (LayerNorm, softmax, cross-entropy, head permutes) move 16 bytes per access when the row
 length allows it and fall back to scalar versions otherwise (both paths are tested).
 
@@ -497,16 +500,24 @@ __global__ void sumsq_kernel(float *partial, const G *x, int64_t n) {
 // ------------------------------------------------------------------------------------------------
 // The model
 
+// A layer's activations that its backward reads (A_LN1 .. A_FCH_GELU) come in two blocks, one of them
+// empty: every layer's (L, ...), or with recompute one layer's, the same order from A_ONE_LAYER (the
+// report lists both, so a name always says the real shape). residual3 (L, B, T, C) is kept either way.
 enum {
     A_ENCODED, A_TOKEMB, A_LNE_MEAN, A_LNE_RSTD, A_LN1, A_LN1_MEAN, A_LN1_RSTD, A_QKV, A_ATTY, A_ATT, A_RES2,
-    A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_RES3, A_LNF, A_LNF_MEAN, A_LNF_RSTD, A_LOGITS,
+    A_LN2, A_LN2_MEAN, A_LN2_RSTD, A_FCH, A_FCH_GELU, A_ONE_LAYER, A_RES3 = A_ONE_LAYER + (A_ONE_LAYER - A_LN1),
+    A_LNF, A_LNF_MEAN, A_LNF_RSTD, A_LOGITS,
     A_LOSSES, A_DRES, A_DBUF, A_DBUF4, A_DQKV, A_QKVP, A_DQKVP, A_YP, A_DATT, A_PARTIAL, A_TOKENS, A_WORKSPACE,
     NUM_ACTS
 };
+#define NUM_LAYER_ACTS (A_ONE_LAYER - A_LN1)
 static const char *act_names[NUM_ACTS] = {
     "encoded (B,T,C)", "tokemb (B,T,C)", "lne_mean (B,T)", "lne_rstd (B,T)", "ln1 (L,B,T,C)", "ln1_mean (L,B,T)",
     "ln1_rstd (L,B,T)", "qkv (L,B,T,3C)", "atty (L,B,T,C)", "att (L,B,NH,T,T)", "residual2 (L,B,T,C)",
     "ln2 (L,B,T,C)", "ln2_mean (L,B,T)", "ln2_rstd (L,B,T)", "fch (L,B,T,4C)", "fch_gelu (L,B,T,4C)",
+    "ln1 (B,T,C) one layer", "ln1_mean (B,T) one layer", "ln1_rstd (B,T) one layer", "qkv (B,T,3C) one layer",
+    "atty (B,T,C) one layer", "att (B,NH,T,T) one layer", "residual2 (B,T,C) one layer", "ln2 (B,T,C) one layer",
+    "ln2_mean (B,T) one layer", "ln2_rstd (B,T) one layer", "fch (B,T,4C) one layer", "fch_gelu (B,T,4C) one layer",
     "residual3 (L,B,T,C)", "lnf (B,T,C)", "lnf_mean (B,T)", "lnf_rstd (B,T)", "logits (B,T,Vp)", "losses (B,T)",
     "dres (B,T,C) grad", "dbuf (B,T,C) grad", "dbuf4 (B,T,4C) grad", "dqkv (B,T,3C) grad",
     "qkv heads (3,B,NH,T,hs)", "dqkv heads (3,B,NH,T,hs)", "y / dy heads (B,NH,T,hs)", "datt (B,NH,T,T) grad",
@@ -535,6 +546,7 @@ struct GPT2Cuda {
     void *act[NUM_ACTS];                       // views into acts_memory
     int64_t partial_floats;
     int has_targets, has_dlogits;
+    int64_t one_layer;                         // recompute: the layer the one-layer buffers hold (-1: none)
     int *host_tokens;                          // mirror of A_TOKENS, then counts and slots (Vp each)
     int n_uniq;
     uint16_t *host_stage;                      // fp32 <-> bf16 conversions, STAGE elements
@@ -542,8 +554,9 @@ struct GPT2Cuda {
     cublasLtHandle_t lt;
     AlgoEntry cache[ALGO_CACHE];
     int ncache;
-    // profiling: events in stream order, the phase each one starts, totals by phase name
-    int prof_on, nev, nphase;
+    // profiling: events in stream order, the phase each one starts, totals by phase name; prof_hold:
+    // phases ignored (the layer forward's own, inside backward's recomputation phase)
+    int prof_on, prof_hold, nev, nphase;
     cudaEvent_t *ev;
     const char *ev_name[MAX_EVENTS];
     const char *phase_name[MAX_PHASES];
@@ -553,7 +566,7 @@ struct GPT2Cuda {
 #define STAGE ((int64_t)1 << 22)
 
 static int phase(GPT2Cuda *m, const char *name) {
-    if (!m->prof_on || m->nev >= MAX_EVENTS) return 0;
+    if (!m->prof_on || m->prof_hold || m->nev >= MAX_EVENTS) return 0;
     CU(cudaEventRecord(m->ev[m->nev], m->stream));
     m->ev_name[m->nev++] = name;
     return 0;
@@ -771,15 +784,92 @@ static int permute(GPT2Cuda *m, T *dst, const T *src, int P, int inverse) {
 // ------------------------------------------------------------------------------------------------
 // Forward
 
+// Layer l's activations: its slices of the (L, ...) arrays, or with recompute the one-layer buffers.
+template <typename T>
+struct LayerActs {
+    const T *residual;                          // (B, T, C) the layer's input: encoded or residual3[l - 1]
+    T *ln1, *qkv, *atty, *att, *res2;           // (B, T, C), (B, T, 3C), (B, T, C), (B, NH, T, T), (B, T, C)
+    T *ln2, *fch, *fchg, *res3;                 // (B, T, C), (B, T, 4C), (B, T, 4C), (B, T, C) its output
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;   // (B, T)
+};
+
+template <typename T>
+static LayerActs<T> layer_acts(GPT2Cuda *m, int64_t l) {
+    int64_t B = m->B, T_ = m->T, BT = B * T_, BTC = BT * m->c.channels, NH = m->c.num_heads;
+    int64_t k = m->c.recompute ? 0 : l;                         // the slot in the arrays
+    int o = m->c.recompute ? A_ONE_LAYER - A_LN1 : 0;           // the block
+    LayerActs<T> a;
+    a.residual = l == 0 ? (const T *)m->act[A_ENCODED] : (const T *)m->act[A_RES3] + (l - 1) * BTC;
+    a.ln1 = (T *)m->act[o + A_LN1] + k * BTC;
+    a.qkv = (T *)m->act[o + A_QKV] + k * 3 * BTC;
+    a.atty = (T *)m->act[o + A_ATTY] + k * BTC;
+    a.att = (T *)m->act[o + A_ATT] + k * B * NH * T_ * T_;
+    a.res2 = (T *)m->act[o + A_RES2] + k * BTC;
+    a.ln2 = (T *)m->act[o + A_LN2] + k * BTC;
+    a.fch = (T *)m->act[o + A_FCH] + k * 4 * BTC;
+    a.fchg = (T *)m->act[o + A_FCH_GELU] + k * 4 * BTC;
+    a.res3 = (T *)m->act[A_RES3] + l * BTC;
+    a.ln1_mean = (float *)m->act[o + A_LN1_MEAN] + k * BT;
+    a.ln1_rstd = (float *)m->act[o + A_LN1_RSTD] + k * BT;
+    a.ln2_mean = (float *)m->act[o + A_LN2_MEAN] + k * BT;
+    a.ln2_rstd = (float *)m->act[o + A_LN2_RSTD] + k * BT;
+    return a;
+}
+
+// Layer l's forward from a.residual into a. out: the layer's output (a.res3), or NULL to stop before
+// the MLP's output projection, as backward's recomputation does (it reads everything up to fch_gelu,
+// and residual3 is kept). The same kernels on the same inputs: a recomputation gives the same bits.
+template <typename T>
+static int layer_forward(GPT2Cuda *m, int64_t l, const LayerActs<T> &a, T *out) {
+    int64_t B = m->B, T_ = m->T, C = m->c.channels, NH = m->c.num_heads, BT = B * T_, hs = C / NH, BTC = BT * C;
+    T **p = (T **)m->params;
+    T *qkvp = (T *)m->act[A_QKVP], *yp = (T *)m->act[A_YP];
+    float scale = 1.0f / sqrtf((float)hs);
+    m->one_layer = -1;
+
+    PHASE("fwd layernorm ln1/ln2");
+    TRY(layernorm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[2] + l * C, p[3] + l * C, BT, (int)C));
+    PHASE("fwd matmul qkv");
+    TRY(mm_nt(m, a.qkv, a.ln1, p[4] + l * 3 * C * C, p[5] + l * 3 * C, BT, 3 * C, C));
+    // attention: q, k, v to (B, NH, T, hs); att (B, NH, T, T) = softmax(q k^T / sqrt(hs)); y = att v
+    PHASE("fwd attn permute qkv");
+    TRY(permute(m, qkvp, a.qkv, 3, 0));
+    PHASE("fwd attn q@k");
+    TRY(mm_nt(m, a.att, qkvp, qkvp + BTC, (const T *)NULL, T_, T_, hs, (int)(B * NH), T_ * T_, T_ * hs, T_ * hs, scale));
+    PHASE("fwd attn softmax");
+    TRY(softmax_causal(m, a.att, (const T *)NULL, B * NH * T_, (int)T_, 0.0f, 0));
+    PHASE("fwd attn att@v");
+    TRY(mm_nn(m, yp, a.att, qkvp + 2 * BTC, T_, hs, T_, (int)(B * NH), T_ * hs, T_ * T_, T_ * hs));
+    PHASE("fwd attn unpermute y");
+    TRY(permute(m, a.atty, yp, 1, 1));
+    PHASE("fwd matmul attproj");
+    TRY(mm_nt(m, a.res2, a.atty, p[6] + l * C * C, p[7] + l * C, BT, C, C));
+    PHASE("fwd residual");
+    TRY(elementwise(m, a.res2, a.residual, BTC, 2));
+    PHASE("fwd layernorm ln1/ln2");
+    TRY(layernorm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[8] + l * C, p[9] + l * C, BT, (int)C));
+    PHASE("fwd matmul fc");
+    TRY(mm_nt(m, a.fch, a.ln2, p[10] + l * 4 * C * C, p[11] + l * 4 * C, BT, 4 * C, C));
+    PHASE("fwd gelu");
+    TRY(elementwise(m, a.fchg, a.fch, 4 * BTC, 0));
+    if (out) {
+        PHASE("fwd matmul fcproj");
+        TRY(mm_nt(m, out, a.fchg, p[12] + l * 4 * C * C, p[13] + l * C, BT, C, 4 * C));
+        PHASE("fwd residual");
+        TRY(elementwise(m, out, a.res2, BTC, 2));
+    }
+    if (m->c.recompute) m->one_layer = l;
+    return 0;
+}
+
 template <typename T>
 static int forward_impl(GPT2Cuda *m, int has_targets, int for_backward) {
     const GPT2CudaConfig *c = &m->c;
-    int64_t B = m->B, T_ = m->T, C = c->channels, L = c->num_layers, NH = c->num_heads, BT = B * T_, hs = C / NH;
+    int64_t B = m->B, T_ = m->T, C = c->channels, L = c->num_layers, BT = B * T_;
     int64_t Vp = c->padded_vocab_size, BTC = BT * C;
     T **p = (T **)m->params;
-    T *encoded = (T *)m->act[A_ENCODED], *qkvp = (T *)m->act[A_QKVP], *yp = (T *)m->act[A_YP];
+    T *encoded = (T *)m->act[A_ENCODED];
     int *tokens = (int *)m->act[A_TOKENS];
-    float scale = 1.0f / sqrtf((float)hs);
 
     // encoded (B, T, C) = wte[token] (through StableEmbedding's LayerNorm) + wpe[t]
     PHASE("fwd encoder");
@@ -796,43 +886,8 @@ static int forward_impl(GPT2Cuda *m, int has_targets, int for_backward) {
     LAUNCHED();
 
     for (int64_t l = 0; l < L; l++) {
-        const T *residual = l == 0 ? encoded : (T *)m->act[A_RES3] + (l - 1) * BTC;
-        T *ln1 = (T *)m->act[A_LN1] + l * BTC, *qkv = (T *)m->act[A_QKV] + l * 3 * BTC, *atty = (T *)m->act[A_ATTY] + l * BTC;
-        T *att = (T *)m->act[A_ATT] + l * B * NH * T_ * T_, *res2 = (T *)m->act[A_RES2] + l * BTC;
-        T *ln2 = (T *)m->act[A_LN2] + l * BTC, *fch = (T *)m->act[A_FCH] + l * 4 * BTC;
-        T *fchg = (T *)m->act[A_FCH_GELU] + l * 4 * BTC, *res3 = (T *)m->act[A_RES3] + l * BTC;
-        float *ln1_mean = (float *)m->act[A_LN1_MEAN] + l * BT, *ln1_rstd = (float *)m->act[A_LN1_RSTD] + l * BT;
-        float *ln2_mean = (float *)m->act[A_LN2_MEAN] + l * BT, *ln2_rstd = (float *)m->act[A_LN2_RSTD] + l * BT;
-
-        PHASE("fwd layernorm ln1/ln2");
-        TRY(layernorm_forward(m, ln1, ln1_mean, ln1_rstd, residual, p[2] + l * C, p[3] + l * C, BT, (int)C));
-        PHASE("fwd matmul qkv");
-        TRY(mm_nt(m, qkv, ln1, p[4] + l * 3 * C * C, p[5] + l * 3 * C, BT, 3 * C, C));
-        // attention: q, k, v to (B, NH, T, hs); att (B, NH, T, T) = softmax(q k^T / sqrt(hs)); y = att v
-        PHASE("fwd attn permute qkv");
-        TRY(permute(m, qkvp, qkv, 3, 0));
-        PHASE("fwd attn q@k");
-        TRY(mm_nt(m, att, qkvp, qkvp + BTC, (const T *)NULL, T_, T_, hs, (int)(B * NH), T_ * T_, T_ * hs, T_ * hs, scale));
-        PHASE("fwd attn softmax");
-        TRY(softmax_causal(m, att, (const T *)NULL, B * NH * T_, (int)T_, 0.0f, 0));
-        PHASE("fwd attn att@v");
-        TRY(mm_nn(m, yp, att, qkvp + 2 * BTC, T_, hs, T_, (int)(B * NH), T_ * hs, T_ * T_, T_ * hs));
-        PHASE("fwd attn unpermute y");
-        TRY(permute(m, atty, yp, 1, 1));
-        PHASE("fwd matmul attproj");
-        TRY(mm_nt(m, res2, atty, p[6] + l * C * C, p[7] + l * C, BT, C, C));
-        PHASE("fwd residual");
-        TRY(elementwise(m, res2, residual, BTC, 2));
-        PHASE("fwd layernorm ln1/ln2");
-        TRY(layernorm_forward(m, ln2, ln2_mean, ln2_rstd, res2, p[8] + l * C, p[9] + l * C, BT, (int)C));
-        PHASE("fwd matmul fc");
-        TRY(mm_nt(m, fch, ln2, p[10] + l * 4 * C * C, p[11] + l * 4 * C, BT, 4 * C, C));
-        PHASE("fwd gelu");
-        TRY(elementwise(m, fchg, fch, 4 * BTC, 0));
-        PHASE("fwd matmul fcproj");
-        TRY(mm_nt(m, res3, fchg, p[12] + l * 4 * C * C, p[13] + l * C, BT, C, 4 * C));
-        PHASE("fwd residual");
-        TRY(elementwise(m, res3, res2, BTC, 2));
+        LayerActs<T> a = layer_acts<T>(m, l);
+        TRY(layer_forward(m, l, a, a.res3));
     }
     PHASE("fwd layernorm");
     T *lnf = (T *)m->act[A_LNF], *logits = (T *)m->act[A_LOGITS];
@@ -927,14 +982,19 @@ static int backward_impl(GPT2Cuda *m, const GPT2CudaGrads *g, int acc, gpt2_cuda
     TRY(done(GPT2_CUDA_GRADS_LNF));
 
     for (int64_t l = L - 1; l >= 0; l--) {
+        LayerActs<T> a = layer_acts<T>(m, l);
+        if (m->c.recompute && m->one_layer != l) {
+            // the layer's activations again, from its input (kept in residual3) and its own parameters
+            PHASE("bwd recompute forward");
+            m->prof_hold = 1;
+            int rc = layer_forward(m, l, a, (T *)NULL);
+            m->prof_hold = 0;
+            TRY(rc);
+        }
         // dres holds d(residual3[l]): the gradient of both residual2[l] and the MLP's output
-        const T *residual = l == 0 ? (T *)m->act[A_ENCODED] : (T *)m->act[A_RES3] + (l - 1) * BTC;
-        const T *ln1 = (T *)m->act[A_LN1] + l * BTC, *qkv = (T *)m->act[A_QKV] + l * 3 * BTC;
-        const T *atty = (T *)m->act[A_ATTY] + l * BTC, *att = (T *)m->act[A_ATT] + l * B * NH * T_ * T_;
-        const T *res2 = (T *)m->act[A_RES2] + l * BTC, *ln2 = (T *)m->act[A_LN2] + l * BTC;
-        const T *fch = (T *)m->act[A_FCH] + l * 4 * BTC, *fchg = (T *)m->act[A_FCH_GELU] + l * 4 * BTC;
-        const float *ln1_mean = (float *)m->act[A_LN1_MEAN] + l * BT, *ln1_rstd = (float *)m->act[A_LN1_RSTD] + l * BT;
-        const float *ln2_mean = (float *)m->act[A_LN2_MEAN] + l * BT, *ln2_rstd = (float *)m->act[A_LN2_RSTD] + l * BT;
+        const T *residual = a.residual, *ln1 = a.ln1, *qkv = a.qkv, *atty = a.atty, *att = a.att, *res2 = a.res2;
+        const T *ln2 = a.ln2, *fch = a.fch, *fchg = a.fchg;
+        const float *ln1_mean = a.ln1_mean, *ln1_rstd = a.ln1_rstd, *ln2_mean = a.ln2_mean, *ln2_rstd = a.ln2_rstd;
 
         // MLP: fcproj, GELU, fc
         PHASE("bwd matmul fcproj dx");
@@ -1029,7 +1089,7 @@ extern "C" int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accum
 static int config_ok(const GPT2CudaConfig *c) {
     return c->max_seq_len >= 1 && c->vocab_size >= 1 && c->padded_vocab_size >= c->vocab_size && c->num_layers >= 1 &&
            c->num_heads >= 1 && c->channels >= 1 && c->channels % c->num_heads == 0 &&
-           (c->stable_embedding == 0 || c->stable_embedding == 1);
+           (c->stable_embedding == 0 || c->stable_embedding == 1) && (c->recompute == 0 || c->recompute == 1);
 }
 
 static int create_inner(GPT2Cuda *m, int B, int T) {
@@ -1052,12 +1112,19 @@ static int create_inner(GPT2Cuda *m, int B, int T) {
     int64_t nchunks = cdiv(BT, COLSUM_ROWS);
     m->partial_floats = nchunks * 2 * 4 * C;
     if (m->partial_floats < GPT2_CUDA_NUM_PARAMS * NORM_BLOCKS) m->partial_floats = GPT2_CUDA_NUM_PARAMS * NORM_BLOCKS;
-    int64_t bytes[NUM_ACTS] = {
-        X * BT * C, X * st * BT * C, F * st * BT, F * st * BT, X * L * BT * C, F * L * BT, F * L * BT, X * L * BT * 3 * C,
-        X * L * BT * C, X * L * B * NH * T * T, X * L * BT * C, X * L * BT * C, F * L * BT, F * L * BT, X * L * BT * 4 * C,
-        X * L * BT * 4 * C, X * L * BT * C, X * BT * C, F * BT, F * BT, X * BT * Vp, F * BT,
+    // one layer's activations, A_LN1 .. A_FCH_GELU: L of them, or one with recompute (the other block empty)
+    int64_t layer[NUM_LAYER_ACTS] = {X * BT * C, F * BT, F * BT, X * BT * 3 * C, X * BT * C, X * B * NH * T * T,
+                                     X * BT * C, X * BT * C, F * BT, F * BT, X * BT * 4 * C, X * BT * 4 * C};
+    int64_t bytes[NUM_ACTS] = {X * BT * C, X * st * BT * C, F * st * BT, F * st * BT};
+    for (int i = 0; i < NUM_LAYER_ACTS; i++) {
+        bytes[A_LN1 + i] = c->recompute ? 0 : L * layer[i];
+        bytes[A_ONE_LAYER + i] = c->recompute ? layer[i] : 0;
+    }
+    int64_t rest[NUM_ACTS - A_RES3] = {
+        X * L * BT * C, X * BT * C, F * BT, F * BT, X * BT * Vp, F * BT,
         X * BT * C, X * BT * C, X * BT * 4 * C, X * BT * 3 * C, X * 3 * BT * C, X * 3 * BT * C, X * BT * C,
         X * B * NH * T * T, F * m->partial_floats, 4 * tok_ints(m), (int64_t)WORKSPACE_BYTES};
+    memcpy(bytes + A_RES3, rest, sizeof rest);
     m->acts_total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
         m->act_bytes[i] = (size_t)bytes[i];
@@ -1082,14 +1149,16 @@ extern "C" int gpt2_cuda_create(GPT2Cuda **out, const GPT2CudaConfig *c, int pre
     if (!out || !c) return fail("gpt2_cuda_create: NULL argument");
     *out = NULL;
     if (!config_ok(c))
-        return fail("gpt2_cuda_create: bad model shape maxT=%d V=%d Vp=%d L=%d NH=%d C=%d", c->max_seq_len, c->vocab_size,
-                    c->padded_vocab_size, c->num_layers, c->num_heads, c->channels);
+        return fail("gpt2_cuda_create: bad model shape maxT=%d V=%d Vp=%d L=%d NH=%d C=%d (stable_embedding %d, recompute %d)",
+                    c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads, c->channels,
+                    c->stable_embedding, c->recompute);
     if (precision != GPT2_CUDA_FP32 && precision != GPT2_CUDA_BF16) return fail("gpt2_cuda_create: precision %d", precision);
     if (B < 1 || T < 1 || T > c->max_seq_len) return fail("gpt2_cuda_create: B=%d, T=%d (need T <= maxT = %d)", B, T, c->max_seq_len);
     GPT2Cuda *m = (GPT2Cuda *)calloc(1, sizeof(GPT2Cuda));
     if (!m) return fail("gpt2_cuda_create: out of host memory");
     m->c = *c;
     m->precision = precision;
+    m->one_layer = -1;
     if (create_inner(m, B, T)) {
         char keep[sizeof gpt2_cuda_error_text];
         memcpy(keep, gpt2_cuda_error_text, sizeof keep);

@@ -30,7 +30,8 @@ extern "C" {
 
 struct CUstream_st;
 
-// Field for field the trainer's GPT2Config (train_gpt2_8bit.c).
+// Field for field the trainer's GPT2Config (train_gpt2_8bit.c), then this model's options (0: off, so
+// a zero-initialized config gets today's model).
 typedef struct {
     int max_seq_len;          // maxT: rows of wpe
     int vocab_size;           // V
@@ -39,6 +40,10 @@ typedef struct {
     int num_heads;            // NH
     int channels;             // C
     int stable_embedding;     // 1: LayerNorm (lnew, lneb) right after the token embedding
+    int recompute;            // 1: activation recomputation: forward keeps each layer's output (the
+                              // residual stream) and backward re-runs each layer's forward into one
+                              // layer's buffers before its backward: far less activation memory for
+                              // about one more forward of the layers, the same bits (same kernels, inputs)
 } GPT2CudaConfig;
 
 // Precision of the model (weights, activations) and dtype of a gradient buffer.
@@ -120,7 +125,9 @@ typedef int (*gpt2_cuda_grads_ready)(void *ctx, int which, struct CUstream_st *s
 
 // Gradients of the mean loss of the last forward (which had targets and for_backward = 1) into g:
 // accumulate = 0 overwrites every element of g (no zeroing needed), 1 adds to it (micro-batches).
-// ready may be NULL. Does not wait for the GPU.
+// ready may be NULL. Does not wait for the GPU. With recompute, backward reads layer l's parameters
+// again to recompute it: they must be the forward's until then (a callback may update layer l's, or
+// LNF's, as soon as they are final: the layers below read only their own).
 int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2_cuda_grads_ready ready,
                        void *ctx);
 // The global L2 norm of a full gradient buffer (sums in a fixed order: deterministic). Waits.
@@ -128,6 +135,8 @@ int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *norm);
 
 // Memory, for the trainer's report: the parameter allocation, and the activation allocation tensor
 // by tensor (index 0 .. gpt2_cuda_num_act_tensors() - 1; scratch and the cuBLASLt workspace included).
+// The list is the same for every model, so a model has 0 bytes in the tensors it does not use: the
+// StableEmbedding ones without it, and either the (L, ...) or the "one layer" ones by recompute.
 size_t gpt2_cuda_param_bytes(const GPT2Cuda *m);
 size_t gpt2_cuda_act_bytes(const GPT2Cuda *m);
 int gpt2_cuda_num_act_tensors(void);

@@ -1531,7 +1531,7 @@ static int gpu_open(Gpu *g, GPT2 *m, int flash, int release, int64_t B, int64_t 
     g->release = release;
     const GPT2Config *c = &m->config;
     GPT2CudaConfig gc = {c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads,
-                         c->channels, c->stable_embedding};
+                         c->channels, c->stable_embedding, 0};
     int precision = flash ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32;
     g->logits = (float *)malloc(sizeof(float) * (size_t)c->padded_vocab_size);
     if (!g->logits) return train_fail("out of memory");

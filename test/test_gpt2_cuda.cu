@@ -11,8 +11,14 @@ test_gpt2_cuda.cu — the GPU GPT-2 model (gpt2_cuda.cu) against the trainer's C
   bf16    the same weights in bf16: forward loss within 1% of fp32, then 20 steps of AdamW (bnb8,
           32-bit states; the bf16 model's weights rounded from fp32 masters each step) side by side
           with the fp32 model, every step's loss within 1%.
+  recompute  activation recomputation (config recompute = 1) against none, from the same weights and
+          tokens, fp32 and bf16 (small; d4 too): loss, logits and every gradient tensor the same bits
+          (memcmp), into NaN-poisoned buffers, also after accumulate = 1 and under gradient release
+          (callbacks in the same order); the activation allocation smaller, and its report listing
+          the one-layer buffers.
   d12     GPT-2 124M (L=12, C=768, NH=12, Vp=50304), B=16, T=1024, bf16: forward + backward ms,
-          tokens/s, a per-phase breakdown (CUDA events) and the memory.
+          tokens/s, a per-phase breakdown (CUDA events) and the memory; then the same with recompute
+          (time and activations next to the run without; the loss the same bits).
 
 GPT2_TEST_QUICK=1: the small configurations only (for compute-sanitizer).
 */
@@ -74,7 +80,7 @@ static double rel_err(const float *a, const float *ref, int64_t n) {
 }
 
 static GPT2CudaConfig config_of(const int cfg[7]) {
-    GPT2CudaConfig c = {cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6]};
+    GPT2CudaConfig c = {cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], 0};
     return c;
 }
 
@@ -104,7 +110,8 @@ static std::vector<int> data_tokens(int V, int64_t want) {
 
 typedef struct {
     int order[256], n;
-    float *full;                  // device, the full gradient layout
+    char *full;                   // device, the full gradient layout
+    size_t es;                    // bytes per gradient element
     GPT2CudaGrads *slices;
     int64_t sizes[18], off[18];
     int L;
@@ -117,10 +124,50 @@ static int release_ready(void *ctx, int which, struct CUstream_st *stream) {
     if (which < 0) return 0;      // LNF, EMBED: written in place in the full buffer
     for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) {
         int64_t slice = r->sizes[i] / r->L;
-        if (cudaMemcpyAsync(r->full + r->off[i] + which * slice, r->slices->tensor[i], 4 * (size_t)slice,
+        if (cudaMemcpyAsync(r->full + r->es * (size_t)(r->off[i] + which * slice), r->slices->tensor[i], r->es * (size_t)slice,
                             cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess) return 1;
     }
     return 0;
+}
+
+// Backward of the last forward under gradient release, into full (device, the full layout in dtype,
+// poisoned here): per-layer slices reused, copied out by release_ready. Returns 0, or -1 (message in
+// gpt2_cuda_last_error). *order_ok: the callbacks came in order LNF, L-1 .. 0, EMBED.
+static int release_backward(GPT2Cuda *m, int L, void *full, int dtype, ReleaseCtx *rc, int *order_ok) {
+    int64_t sizes[18], off[18], n = gpt2_cuda_num_parameters(m), slice_total = 0;
+    gpt2_cuda_param_sizes(m, sizes);
+    offsets_of(sizes, off);
+    size_t es = dtype == GPT2_CUDA_BF16 ? 2 : 4;
+    for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) slice_total += sizes[i] / L;
+    void *slices = NULL;
+    CUDA_CHECK(cudaMemset(full, 0xff, es * (size_t)n));
+    CUDA_CHECK(cudaMalloc(&slices, es * (size_t)slice_total));
+    GPT2CudaGrads rel;
+    gpt2_cuda_grads_point(m, &rel, full, dtype);
+    rel.reuse_layer_slice = 1;
+    char *s = (char *)slices;
+    for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) { rel.tensor[i] = s; s += es * (size_t)(sizes[i] / L); }
+    memset(rc, 0, sizeof *rc);
+    rc->full = (char *)full; rc->es = es; rc->slices = &rel; rc->L = L;
+    memcpy(rc->sizes, sizes, sizeof sizes);
+    memcpy(rc->off, off, sizeof off);
+    int status = gpt2_cuda_backward(m, &rel, 0, release_ready, rc);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(slices);
+    *order_ok = rc->n == L + 2 && rc->order[0] == GPT2_CUDA_GRADS_LNF && rc->order[L + 1] == GPT2_CUDA_GRADS_EMBED;
+    for (int k = 1; k <= L && *order_ok; k++) *order_ok = rc->order[k] == L - k;
+    return status;
+}
+
+// The test weights: the CPU model's, perturbed so that no bias is 0 and no LayerNorm weight 1, and
+// the padding rows of wte nonzero (they must be ignored).
+static void perturb(float *p, const int64_t sizes[18], const int64_t off[18], const GPT2CudaConfig *c) {
+    for (int i = 0; i < 18; i++) {
+        int matrix = i == 0 || i == 1 || i == 4 || i == 6 || i == 10 || i == 12;
+        for (int64_t j = 0; j < sizes[i]; j++)
+            if (!matrix) p[off[i] + j] += 0.05f * randn();
+            else if (i == 0 && j >= (int64_t)c->vocab_size * c->channels) p[off[i] + j] = 0.02f * randn();
+    }
 }
 
 static void parity(const char *desc, int stable, int B, int T) {
@@ -134,14 +181,8 @@ static void parity(const char *desc, int stable, int B, int T) {
     printf("model %s: L=%d C=%d NH=%d V=%d Vp=%d maxT=%d StableEmbedding %s, %lld parameters; B=%d T=%d\n", desc,
            c.num_layers, c.channels, c.num_heads, c.vocab_size, c.padded_vocab_size, c.max_seq_len,
            c.stable_embedding ? "on" : "off", (long long)n, B, T);
-    // perturb: no zero bias, no unit LayerNorm weight, padding rows of wte nonzero (must be ignored)
     float *p = ref_params(ref);
-    for (int i = 0; i < 18; i++) {
-        int matrix = i == 0 || i == 1 || i == 4 || i == 6 || i == 10 || i == 12;
-        for (int64_t j = 0; j < sizes[i]; j++)
-            if (!matrix) p[off[i] + j] += 0.05f * randn();
-            else if (i == 0 && j >= (int64_t)c.vocab_size * c.channels) p[off[i] + j] = 0.02f * randn();
-    }
+    perturb(p, sizes, off, &c);
     std::vector<int> in(BT), tg(BT);
     for (int64_t i = 0; i < BT; i++) { in[i] = (int)(next_u64() % (uint64_t)c.vocab_size); tg[i] = (int)(next_u64() % (uint64_t)c.vocab_size); }
 
@@ -154,7 +195,7 @@ static void parity(const char *desc, int stable, int B, int T) {
     // GPU, allocated for twice the T when it fits: the forward runs at a smaller T than allocated
     GPT2Cuda *m = NULL;
     int Talloc = 2 * T <= c.max_seq_len ? 2 * T : T;
-    float *d_grads = NULL, *d_full = NULL, *d_slices = NULL;
+    float *d_grads = NULL, *d_full = NULL;
     std::vector<float> logits(BT * Vp), losses(BT), g(n), g2(n), pg(n);
     double worst = 0.0;
     float loss = 0.0f;
@@ -233,26 +274,11 @@ static void parity(const char *desc, int stable, int B, int T) {
     // gradient release: layer tensors in one reused slice each, copied out by the callback
     {
         CUDA_CHECK(cudaMalloc(&d_full, 4 * (size_t)n));
-        CUDA_CHECK(cudaMemset(d_full, 0xff, 4 * (size_t)n));
-        int64_t slice_total = 0;
-        for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) slice_total += sizes[i] / L;
-        CUDA_CHECK(cudaMalloc(&d_slices, 4 * (size_t)slice_total));
-        GPT2CudaGrads rel;
-        gpt2_cuda_grads_point(m, &rel, d_full, GPT2_CUDA_FP32);
-        rel.reuse_layer_slice = 1;
-        float *s = d_slices;
-        for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) { rel.tensor[i] = s; s += sizes[i] / L; }
         ReleaseCtx rc;
-        memset(&rc, 0, sizeof rc);
-        rc.full = d_full; rc.slices = &rel; rc.L = (int)L;
-        memcpy(rc.sizes, sizes, sizeof sizes);
-        memcpy(rc.off, off, sizeof off);
-        if (gpt2_cuda_backward(m, &rel, 0, release_ready, &rc)) { EXPECT(0, "release: %s", gpt2_cuda_last_error()); goto out; }
-        CUDA_CHECK(cudaDeviceSynchronize());
+        int order_ok = 0;
+        if (release_backward(m, (int)L, d_full, GPT2_CUDA_FP32, &rc, &order_ok)) { EXPECT(0, "release: %s", gpt2_cuda_last_error()); goto out; }
         CUDA_CHECK(cudaMemcpy(g2.data(), d_full, 4 * (size_t)n, cudaMemcpyDeviceToHost));
         double e = rel_err(g2.data(), g.data(), n);
-        int order_ok = rc.n == (int)L + 2 && rc.order[0] == GPT2_CUDA_GRADS_LNF && rc.order[L + 1] == GPT2_CUDA_GRADS_EMBED;
-        for (int k = 1; k <= L && order_ok; k++) order_ok = rc.order[k] == (int)L - k;
         printf("  release: per-layer slices give the full gradients within %.2e; %d callbacks, order %s\n", e, rc.n,
                order_ok ? "LNF, L-1..0, EMBED" : "WRONG");
         EXPECT(e <= 1e-6 && order_ok, "release: %.2e, order ok %d", e, order_ok);
@@ -265,7 +291,7 @@ static void parity(const char *desc, int stable, int B, int T) {
         EXPECT(fabs(norm / 2 - ref_norm) <= 1e-4 * ref_norm, "grad norm %.6g vs %.6g", norm / 2, ref_norm);
     }
 out:
-    cudaFree(d_grads); cudaFree(d_full); cudaFree(d_slices);
+    cudaFree(d_grads); cudaFree(d_full);
     gpt2_cuda_free(m);
     ref_free(ref);
 }
@@ -273,6 +299,171 @@ out:
 static void test_parity_small(void) { parity("d2c64h4v100t64", 1, 4, 32); }
 static void test_parity_small_plain(void) { parity("d2c64h4v100t64", 0, 4, 32); }
 static void test_parity_d4(void) { parity("d4", 1, 4, 64); }
+
+// ------------------------------------------------------------------------------------------------
+// Activation recomputation: the same bits as keeping every layer's activations
+
+// Tensors of two gradient buffers (host copies, the full layout) that differ in any bit: EXPECT per
+// tensor, and the count.
+static int compare_bits(const char *what, const std::vector<char> &a, const std::vector<char> &b, const int64_t sizes[18],
+                        size_t es) {
+    int differ = 0;
+    size_t o = 0;
+    for (int i = 0; i < 18; o += es * (size_t)sizes[i], i++) {
+        if (!sizes[i] || memcmp(a.data() + o, b.data() + o, es * (size_t)sizes[i]) == 0) continue;
+        int64_t first = 0;
+        while (memcmp(a.data() + o + es * first, b.data() + o + es * first, es) == 0) first++;
+        EXPECT(0, "%s: %s differs, first at element %lld", what, names[i], (long long)first);
+        differ++;
+    }
+    return differ;
+}
+
+// Elements of a host gradient buffer (dtype) that are not finite: a write that never happened shows
+// as the poison (NaN), in both runs alike.
+static int64_t not_finite(const std::vector<char> &g, int64_t n, size_t es) {
+    int64_t bad = 0;
+    for (int64_t j = 0; j < n; j++) {
+        float v = es == 2 ? bnb8_bf16_to_f32(((const uint16_t *)g.data())[j]) : ((const float *)g.data())[j];
+        bad += !isfinite(v);
+    }
+    return bad;
+}
+
+// One model with recompute = r from weights p and tokens (in, tg), allocated for (B, Talloc), run at
+// (B, T): logits and loss of a forward, the gradients of a backward into a NaN-poisoned buffer, the
+// same after a second backward with accumulate = 1, and under gradient release (callbacks in order).
+typedef struct {
+    std::vector<float> logits, losses;
+    float loss, loss_b;
+    std::vector<char> once, twice, released;
+    int order[256], norder, order_ok;
+    size_t act_bytes;
+} RecomputeRun;
+
+static int recompute_run(GPT2CudaConfig c, int recompute, int precision, const float *p, const int *in, const int *tg,
+                         int B, int T, int Talloc, RecomputeRun *out) {
+    GPT2Cuda *m = NULL;
+    void *d_grads = NULL, *d_full = NULL;
+    int64_t n = 0, BT = (int64_t)B * T;
+    size_t es = precision == GPT2_CUDA_BF16 ? 2 : 4;
+    GPT2CudaGrads grads;
+    ReleaseCtx rc;
+    int status = -1;
+    c.recompute = recompute;
+    if (gpt2_cuda_create(&m, &c, precision, B, Talloc) || gpt2_cuda_set_params(m, p)) goto out;
+    n = gpt2_cuda_num_parameters(m);
+    out->act_bytes = gpt2_cuda_act_bytes(m);
+    out->logits.resize(BT * c.padded_vocab_size);
+    out->losses.resize(BT);
+    if (gpt2_cuda_forward(m, in, tg, B, T, 0) || gpt2_cuda_loss(m, &out->loss, out->losses.data()) ||
+        gpt2_cuda_get_logits(m, out->logits.data(), 0, BT))
+        goto out;
+    CUDA_CHECK(cudaMalloc(&d_grads, es * (size_t)n));
+    CUDA_CHECK(cudaMalloc(&d_full, es * (size_t)n));
+    CUDA_CHECK(cudaMemset(d_grads, 0xff, es * (size_t)n));
+    if (gpt2_cuda_grads_point(m, &grads, d_grads, precision) || gpt2_cuda_forward(m, in, tg, B, T, 1) ||
+        gpt2_cuda_loss(m, &out->loss_b, NULL) || gpt2_cuda_backward(m, &grads, 0, NULL, NULL))
+        goto out;
+    out->once.resize(es * (size_t)n);
+    CUDA_CHECK(cudaMemcpy(out->once.data(), d_grads, es * (size_t)n, cudaMemcpyDeviceToHost));
+    // the second backward starts where the first left the one-layer buffers: at layer 0, not L-1
+    if (gpt2_cuda_backward(m, &grads, 1, NULL, NULL)) goto out;
+    out->twice.resize(es * (size_t)n);
+    CUDA_CHECK(cudaMemcpy(out->twice.data(), d_grads, es * (size_t)n, cudaMemcpyDeviceToHost));
+    if (release_backward(m, c.num_layers, d_full, precision, &rc, &out->order_ok)) goto out;
+    out->released.resize(es * (size_t)n);
+    CUDA_CHECK(cudaMemcpy(out->released.data(), d_full, es * (size_t)n, cudaMemcpyDeviceToHost));
+    memcpy(out->order, rc.order, sizeof rc.order);
+    out->norder = rc.n;
+    status = 0;
+out:
+    cudaFree(d_grads); cudaFree(d_full);
+    gpt2_cuda_free(m);
+    return status;
+}
+
+static void recompute_same(const char *desc, int stable, int B, int T, int precision) {
+    void *ref = NULL;
+    int cfg[7];
+    if (ref_create(&ref, desc, stable, 777, 0, 0, cfg)) { EXPECT(0, "ref_create %s: %s", desc, ref_error()); return; }
+    GPT2CudaConfig c = config_of(cfg);
+    int64_t n = ref_num_params(ref), sizes[18], off[18], BT = (int64_t)B * T;
+    ref_param_sizes(ref, sizes);
+    offsets_of(sizes, off);
+    perturb(ref_params(ref), sizes, off, &c);
+    size_t es = precision == GPT2_CUDA_BF16 ? 2 : 4;
+    int Talloc = 2 * T <= c.max_seq_len ? 2 * T : T;
+    printf("model %s: L=%d C=%d NH=%d V=%d, StableEmbedding %s, %s, B=%d T=%d (allocated for T=%d)\n", desc, c.num_layers,
+           c.channels, c.num_heads, c.vocab_size, stable ? "on" : "off", precision == GPT2_CUDA_BF16 ? "bf16" : "fp32", B, T, Talloc);
+    std::vector<int> in(BT), tg(BT);
+    for (int64_t i = 0; i < BT; i++) { in[i] = (int)(next_u64() % (uint64_t)c.vocab_size); tg[i] = (int)(next_u64() % (uint64_t)c.vocab_size); }
+    RecomputeRun r[2];
+    for (int k = 0; k < 2; k++)
+        if (recompute_run(c, k, precision, ref_params(ref), in.data(), tg.data(), B, T, Talloc, &r[k])) {
+            EXPECT(0, "recompute = %d: %s", k, gpt2_cuda_last_error());
+            ref_free(ref);
+            return;
+        }
+    ref_free(ref);
+
+    int same_fwd = memcmp(&r[0].loss, &r[1].loss, sizeof(float)) == 0 && memcmp(&r[0].loss_b, &r[1].loss_b, sizeof(float)) == 0 &&
+                   memcmp(r[0].logits.data(), r[1].logits.data(), sizeof(float) * r[0].logits.size()) == 0 &&
+                   memcmp(r[0].losses.data(), r[1].losses.data(), sizeof(float) * (size_t)BT) == 0;
+    printf("  loss %.6f / %.6f (recompute off / on), logits and per-position losses %s\n", r[0].loss, r[1].loss,
+           same_fwd ? "the same bits" : "DIFFER");
+    EXPECT(same_fwd, "forward differs with recompute");
+    int d1 = compare_bits("backward", r[0].once, r[1].once, sizes, es);
+    int d2 = compare_bits("accumulate = 1", r[0].twice, r[1].twice, sizes, es);
+    int d3 = compare_bits("release", r[0].released, r[1].released, sizes, es);
+    printf("  gradients: tensors differing in any bit: backward %d, accumulated %d, release %d (of %d)\n", d1, d2, d3,
+           stable ? 18 : 16);
+    int64_t bad = not_finite(r[1].once, n, es) + not_finite(r[1].twice, n, es) + not_finite(r[1].released, n, es);
+    EXPECT(bad == 0, "%lld gradient elements not finite (not written?)", (long long)bad);
+    int same_order = r[0].norder == r[1].norder && memcmp(r[0].order, r[1].order, sizeof(int) * (size_t)r[0].norder) == 0;
+    printf("  release callbacks: %d, order %s, %s with recompute off\n", r[1].norder, r[1].order_ok ? "LNF, L-1..0, EMBED" : "WRONG",
+           same_order ? "the same" : "NOT the same");
+    EXPECT(r[0].order_ok && r[1].order_ok && same_order, "release order: off ok %d, on ok %d, same %d", r[0].order_ok,
+           r[1].order_ok, same_order);
+    printf("  activations: %.3f MB with recompute off, %.3f MB on (%.1f%%)\n", r[0].act_bytes / 1e6, r[1].act_bytes / 1e6,
+           100.0 * r[1].act_bytes / r[0].act_bytes);
+    EXPECT(r[1].act_bytes < r[0].act_bytes, "recompute does not shrink the activations: %zu vs %zu", r[1].act_bytes, r[0].act_bytes);
+}
+
+static void test_recompute_small_fp32(void) { recompute_same("d2c64h4v100t64", 1, 4, 32, GPT2_CUDA_FP32); }
+static void test_recompute_small_bf16(void) { recompute_same("d2c64h4v100t64", 1, 4, 32, GPT2_CUDA_BF16); }
+static void test_recompute_d4_fp32(void) { recompute_same("d4", 0, 4, 64, GPT2_CUDA_FP32); }
+static void test_recompute_d4_bf16(void) { recompute_same("d4", 0, 4, 64, GPT2_CUDA_BF16); }
+
+// The activation report of a model: which tensors have bytes, by recompute.
+static void test_recompute_report(void) {
+    GPT2CudaConfig c = {64, 100, 128, 3, 4, 64, 1, 0};
+    GPT2Cuda *m[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        c.recompute = k;
+        MUST(gpt2_cuda_create(&m[k], &c, GPT2_CUDA_BF16, 2, 16));
+    }
+    for (int k = 0; k < 2; k++) {
+        size_t sum = 0;
+        int layers = 0, one = 0;
+        printf("  recompute %d: %.1f KB\n", k, gpt2_cuda_act_bytes(m[k]) / 1e3);
+        for (int i = 0; i < gpt2_cuda_num_act_tensors(); i++) {
+            size_t b = gpt2_cuda_act_tensor_bytes(m[k], i);
+            const char *name = gpt2_cuda_act_name(i);
+            if (!b) continue;
+            printf("    %-30s %10zu\n", name, b);
+            sum += b;
+            layers += strstr(name, "(L,") != NULL;
+            one += strstr(name, "one layer") != NULL;
+        }
+        // off: the 13 per-layer tensors (L, ...); on: only residual3 per layer, the 12 others one layer's
+        EXPECT(k ? layers == 1 && one == 12 : layers == 13 && one == 0, "recompute %d: %d (L, ...) tensors, %d one-layer ones",
+               k, layers, one);
+        EXPECT(sum <= gpt2_cuda_act_bytes(m[k]), "the tensors add up to more than the allocation");
+    }
+    gpt2_cuda_free(m[0]);
+    gpt2_cuda_free(m[1]);
+}
 
 // ------------------------------------------------------------------------------------------------
 // bf16 against fp32
@@ -411,6 +602,68 @@ static void test_bf16(void) {
 
 static void print_mb(const char *what, double bytes) { printf("  %-44s %10.1f MB\n", what, bytes / 1e6); }
 
+// Forward + backward of one batch, iters times after 2 warmups: the medians (ms) of the forward, the
+// backward and both (ms[0..2]), and the last loss. 0, or -1 (message in gpt2_cuda_last_error).
+static int time_fwd_bwd(GPT2Cuda *m, const GPT2CudaGrads *g, const int *data, int B, int T, int iters, double ms[3],
+                        float *loss) {
+    cudaEvent_t e0, e1, e2;
+    CUDA_CHECK(cudaEventCreate(&e0)); CUDA_CHECK(cudaEventCreate(&e1)); CUDA_CHECK(cudaEventCreate(&e2));
+    std::vector<float> tf, tb, tt;
+    int status = 0;
+    cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(m);
+    for (int it = 0; it < iters + 2 && status == 0; it++) {
+        CUDA_CHECK(cudaEventRecord(e0, s));
+        status = gpt2_cuda_forward(m, data, data + 1, B, T, 1);
+        CUDA_CHECK(cudaEventRecord(e1, s));
+        if (status == 0) status = gpt2_cuda_backward(m, g, 0, NULL, NULL);
+        CUDA_CHECK(cudaEventRecord(e2, s));
+        if (status == 0) status = gpt2_cuda_loss(m, loss, NULL);
+        float a = 0.0f, b = 0.0f;
+        CUDA_CHECK(cudaEventSynchronize(e2));
+        CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+        CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+        if (it >= 2) { tf.push_back(a); tb.push_back(b); tt.push_back(a + b); }
+    }
+    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaEventDestroy(e2);
+    if (status) return -1;
+    std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end()); std::sort(tt.begin(), tt.end());
+    ms[0] = tf[iters / 2]; ms[1] = tb[iters / 2]; ms[2] = tt[iters / 2];
+    printf("  forward %.2f ms + backward %.2f ms = %.2f ms (median of %d; min %.2f, max %.2f)\n", ms[0], ms[1], ms[2],
+           iters, tt[0], tt[iters - 1]);
+    return 0;
+}
+
+// Per-phase breakdown of one forward + backward (CUDA events around each phase).
+static int print_breakdown(GPT2Cuda *m, const GPT2CudaGrads *g, const int *data, int B, int T) {
+    const char *pn[64];
+    double pms[64];
+    int pc[64];
+    if (gpt2_cuda_profile(m, 1) || gpt2_cuda_forward(m, data, data + 1, B, T, 1) || gpt2_cuda_backward(m, g, 0, NULL, NULL))
+        return -1;
+    int k = gpt2_cuda_profile_read(m, pn, pms, pc, 64);
+    if (k < 0 || gpt2_cuda_profile(m, 0)) return -1;
+    double sum = 0.0;
+    std::vector<int> idx;
+    for (int i = 0; i < k; i++) { sum += pms[i]; idx.push_back(i); }
+    std::sort(idx.begin(), idx.end(), [&](int a, int b) { return pms[a] > pms[b]; });
+    printf("  breakdown of one forward + backward (events around each phase; %.2f ms in all):\n", sum);
+    for (int i : idx) printf("    %-26s %8.3f ms %5.1f%%  (%d)\n", pn[i], pms[i], 100.0 * pms[i] / sum, pc[i]);
+    return 0;
+}
+
+// The activation allocation and its largest tensors.
+static void print_acts(const GPT2Cuda *m, int top) {
+    print_mb("activations (one allocation, all of these)", (double)gpt2_cuda_act_bytes(m));
+    std::vector<int> idx;
+    for (int i = 0; i < gpt2_cuda_num_act_tensors(); i++) idx.push_back(i);
+    std::sort(idx.begin(), idx.end(), [&](int a, int b) { return gpt2_cuda_act_tensor_bytes(m, a) > gpt2_cuda_act_tensor_bytes(m, b); });
+    for (int k = 0; k < top && k < (int)idx.size(); k++) {
+        char label[80];
+        snprintf(label, sizeof label, "  %s", gpt2_cuda_act_name(idx[k]));
+        print_mb(label, (double)gpt2_cuda_act_tensor_bytes(m, idx[k]));
+    }
+}
+
 static void bench_d12(void) {
     const int B = 16, T = 1024, iters = 10;
     void *ref = NULL;
@@ -424,61 +677,26 @@ static void bench_d12(void) {
     void *gmem = NULL;
     GPT2CudaGrads g;
     bnb8_optimizer *opt = NULL;
-    cudaEvent_t e0, e1, e2;
-    CUDA_CHECK(cudaEventCreate(&e0)); CUDA_CHECK(cudaEventCreate(&e1)); CUDA_CHECK(cudaEventCreate(&e2));
-    std::vector<float> tf, tb, tt;
-    float loss = 0.0f;
-    size_t free0 = 0, free1 = 0, total = 0;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0)); CUDA_CHECK(cudaEventCreate(&e1));
+    double ms[3], ms_re[3];
+    float loss = 0.0f, loss_re = 0.0f;
+    size_t free0 = 0, free1 = 0, total = 0, acts = 0;
     CUDA_CHECK(cudaMemGetInfo(&free0, &total));
     if (gpt2_cuda_create(&m, &c, GPT2_CUDA_BF16, B, T) || gpt2_cuda_set_params(m, ref_params(ref))) {
         EXPECT(0, "create: %s", gpt2_cuda_last_error());
         goto out;
     }
-    ref_free(ref);
-    ref = NULL;
     CUDA_CHECK(cudaMalloc(&gmem, 2 * (size_t)n));
     gpt2_cuda_grads_point(m, &g, gmem, GPT2_CUDA_BF16);
     printf("model d12: L=%d C=%d NH=%d V=%d Vp=%d, %lld parameters, StableEmbedding on; bf16, B=%d T=%d (%lld tokens)\n",
            c.num_layers, c.channels, c.num_heads, c.vocab_size, c.padded_vocab_size, (long long)n, B, T, (long long)BT);
-    for (int it = 0; it < iters + 2; it++) {
-        cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(m);
-        CUDA_CHECK(cudaEventRecord(e0, s));
-        if (gpt2_cuda_forward(m, data.data(), data.data() + 1, B, T, 1)) { EXPECT(0, "forward: %s", gpt2_cuda_last_error()); goto out; }
-        CUDA_CHECK(cudaEventRecord(e1, s));
-        if (gpt2_cuda_backward(m, &g, 0, NULL, NULL)) { EXPECT(0, "backward: %s", gpt2_cuda_last_error()); goto out; }
-        CUDA_CHECK(cudaEventRecord(e2, s));
-        if (gpt2_cuda_loss(m, &loss, NULL)) { EXPECT(0, "loss: %s", gpt2_cuda_last_error()); goto out; }
-        float a = 0.0f, b = 0.0f;
-        CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
-        CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
-        if (it >= 2) { tf.push_back(a); tb.push_back(b); tt.push_back(a + b); }
-    }
+    if (time_fwd_bwd(m, &g, data.data(), B, T, iters, ms, &loss)) { EXPECT(0, "forward + backward: %s", gpt2_cuda_last_error()); goto out; }
     CUDA_CHECK(cudaMemGetInfo(&free1, &total));
-    std::sort(tf.begin(), tf.end()); std::sort(tb.begin(), tb.end()); std::sort(tt.begin(), tt.end());
-    {
-        double med = tt[iters / 2];
-        printf("  loss at init %.4f (ln V = %.4f)\n", loss, log((double)c.vocab_size));
-        printf("  forward %.2f ms + backward %.2f ms = %.2f ms (median of %d; min %.2f, max %.2f)\n", tf[iters / 2],
-               tb[iters / 2], med, iters, tt[0], tt[iters - 1]);
-        printf("  THROUGHPUT d12 bf16 B=16 T=1024 forward+backward: %.0f tokens/s\n", (double)BT / (med / 1e3));
-        EXPECT(isfinite(loss), "loss not finite");
-    }
-    // per-phase breakdown of one forward + backward
-    {
-        const char *pn[64];
-        double pms[64];
-        int pc[64];
-        if (gpt2_cuda_profile(m, 1) || gpt2_cuda_forward(m, data.data(), data.data() + 1, B, T, 1) ||
-            gpt2_cuda_backward(m, &g, 0, NULL, NULL)) { EXPECT(0, "profile: %s", gpt2_cuda_last_error()); goto out; }
-        int k = gpt2_cuda_profile_read(m, pn, pms, pc, 64);
-        gpt2_cuda_profile(m, 0);
-        double sum = 0.0;
-        std::vector<int> idx;
-        for (int i = 0; i < k; i++) { sum += pms[i]; idx.push_back(i); }
-        std::sort(idx.begin(), idx.end(), [&](int a, int b) { return pms[a] > pms[b]; });
-        printf("  breakdown of one forward + backward (events around each phase; %.2f ms in all):\n", sum);
-        for (int i : idx) printf("    %-26s %8.3f ms %5.1f%%  (%d)\n", pn[i], pms[i], 100.0 * pms[i] / sum, pc[i]);
-    }
+    printf("  loss at init %.4f (ln V = %.4f)\n", loss, log((double)c.vocab_size));
+    printf("  THROUGHPUT d12 bf16 B=16 T=1024 forward+backward: %.0f tokens/s\n", (double)BT / (ms[2] / 1e3));
+    EXPECT(isfinite(loss), "loss not finite");
+    if (print_breakdown(m, &g, data.data(), B, T)) { EXPECT(0, "profile: %s", gpt2_cuda_last_error()); goto out; }
     // the optimizer step that would follow: bnb8 8-bit AdamW on bf16 weights and gradients
     {
         bnb8_config oc = bnb8_config_default(BNB8_ADAMW);
@@ -500,7 +718,7 @@ static void bench_d12(void) {
         EXPECT(ok, "optimizer: %s", bnb8_last_error());
         if (ok) {
             std::sort(to.begin(), to.end());
-            double step = tt[iters / 2] + to[2];
+            double step = ms[2] + to[2];
             printf("  bnb8 8-bit AdamW step (bf16 weights + grads): %.3f ms; whole step %.2f ms = %.0f tokens/s\n", to[2],
                    step, (double)BT / (step / 1e3));
         }
@@ -508,24 +726,38 @@ static void bench_d12(void) {
     printf("  memory:\n");
     print_mb("parameters (bf16)", (double)gpt2_cuda_param_bytes(m));
     print_mb("gradients (bf16, caller's buffer)", 2.0 * (double)n);
-    print_mb("activations (one allocation, all of these)", (double)gpt2_cuda_act_bytes(m));
-    {
-        std::vector<int> idx;
-        for (int i = 0; i < gpt2_cuda_num_act_tensors(); i++) idx.push_back(i);
-        std::sort(idx.begin(), idx.end(), [&](int a, int b) { return gpt2_cuda_act_tensor_bytes(m, a) > gpt2_cuda_act_tensor_bytes(m, b); });
-        for (int k = 0; k < 8; k++) {
-            char label[80];
-            snprintf(label, sizeof label, "  %s", gpt2_cuda_act_name(idx[k]));
-            print_mb(label, (double)gpt2_cuda_act_tensor_bytes(m, idx[k]));
-        }
+    print_acts(m, 8);
+    print_mb("device memory in use by the test (cudaMemGetInfo)", (double)(free0 - free1));
+    acts = gpt2_cuda_act_bytes(m);
+
+    // the same with activation recomputation, from the same weights (the optimizer moved m's: a new model)
+    bnb8_optimizer_free(opt);
+    opt = NULL;
+    gpt2_cuda_free(m);
+    m = NULL;
+    c.recompute = 1;
+    if (gpt2_cuda_create(&m, &c, GPT2_CUDA_BF16, B, T) || gpt2_cuda_set_params(m, ref_params(ref))) {
+        EXPECT(0, "create with recompute: %s", gpt2_cuda_last_error());
+        goto out;
     }
+    gpt2_cuda_grads_point(m, &g, gmem, GPT2_CUDA_BF16);
+    printf("  with recompute = 1:\n");
+    if (time_fwd_bwd(m, &g, data.data(), B, T, iters, ms_re, &loss_re)) { EXPECT(0, "recompute: %s", gpt2_cuda_last_error()); goto out; }
+    CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+    printf("  RECOMPUTE d12 bf16 B=16 T=1024 forward+backward: %.2f ms (%.2f without, %+.1f%%), %.0f tokens/s; activations "
+           "%.1f MB (%.1f without, %.1f%%); loss %.6f, %s\n", ms_re[2], ms[2], 100.0 * (ms_re[2] / ms[2] - 1.0),
+           (double)BT / (ms_re[2] / 1e3), gpt2_cuda_act_bytes(m) / 1e6, acts / 1e6, 100.0 * gpt2_cuda_act_bytes(m) / acts,
+           loss_re, memcmp(&loss, &loss_re, sizeof loss) == 0 ? "the same bits" : "NOT the same bits");
+    EXPECT(memcmp(&loss, &loss_re, sizeof loss) == 0, "loss with recompute %.9g vs %.9g", loss_re, loss);
+    if (print_breakdown(m, &g, data.data(), B, T)) { EXPECT(0, "profile: %s", gpt2_cuda_last_error()); goto out; }
+    print_acts(m, 8);
     print_mb("device memory in use by the test (cudaMemGetInfo)", (double)(free0 - free1));
 out:
     bnb8_optimizer_free(opt);
     cudaFree(gmem);
     gpt2_cuda_free(m);
     ref_free(ref);
-    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaEventDestroy(e2);
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -533,10 +765,12 @@ out:
 static void test_errors(void) {
     // refusals come back as -1 with a message, never a crash
     GPT2Cuda *m = NULL;
-    GPT2CudaConfig bad = {64, 100, 128, 2, 3, 64, 0};       // C not a multiple of NH
+    GPT2CudaConfig bad = {64, 100, 128, 2, 3, 64, 0, 0};    // C not a multiple of NH
     EXPECT(gpt2_cuda_create(&m, &bad, GPT2_CUDA_FP32, 2, 16) == -1 && m == NULL, "bad config accepted");
     printf("  bad config: %s\n", gpt2_cuda_last_error());
-    GPT2CudaConfig c = {64, 100, 128, 2, 4, 64, 1};
+    GPT2CudaConfig bad_recompute = {64, 100, 128, 2, 4, 64, 0, 2};
+    EXPECT(gpt2_cuda_create(&m, &bad_recompute, GPT2_CUDA_FP32, 2, 16) == -1 && m == NULL, "recompute = 2 accepted");
+    GPT2CudaConfig c = {64, 100, 128, 2, 4, 64, 1, 0};
     MUST(gpt2_cuda_create(&m, &c, GPT2_CUDA_FP32, 2, 16));
     std::vector<int> in(64, 5);
     EXPECT(gpt2_cuda_forward(m, in.data(), NULL, 2, 32, 0) == -1, "T above the allocation accepted");
@@ -562,6 +796,11 @@ int main(void) {
     run("fp32 parity, L=2 C=64 NH=4 V=100, StableEmbedding", test_parity_small);
     run("fp32 parity, L=2 C=64 NH=4 V=100, plain embedding", test_parity_small_plain);
     if (!quick) run("fp32 parity, d4 (L=4 C=256 NH=4 V=50257)", test_parity_d4);
+    run("recompute: the activation report", test_recompute_report);
+    run("recompute = 1 vs 0, fp32, L=2 C=64 NH=4 V=100, StableEmbedding: the same bits", test_recompute_small_fp32);
+    run("recompute = 1 vs 0, bf16, L=2 C=64 NH=4 V=100, StableEmbedding: the same bits", test_recompute_small_bf16);
+    if (!quick) run("recompute = 1 vs 0, fp32, d4, plain embedding: the same bits", test_recompute_d4_fp32);
+    if (!quick) run("recompute = 1 vs 0, bf16, d4, plain embedding: the same bits", test_recompute_d4_bf16);
     run(quick ? "bf16 vs fp32, small, 3 steps" : "bf16 vs fp32, d4 on fortunes, 20 steps", test_bf16);
     if (!quick) run("d12 throughput, bf16, B=16 T=1024", bench_d12);
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
