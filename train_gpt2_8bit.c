@@ -1311,6 +1311,7 @@ typedef struct {
     int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
     int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
     int release;              // gradient release (GPU, flash): step each layer inside backward
+    int recompute;            // GPU: keep each layer's output only, recompute the rest in backward
     int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
     int64_t eval_every, val_batches, sample_every, gen_tokens, ckpt_every;
     int64_t stop_after;       // stop after this step (the schedule still spans `steps`); 0 = no
@@ -1520,7 +1521,7 @@ static void gpu_close(Gpu *g) {
 
 // The model on the GPU from m's fp32 weights (host), bf16 for flash (bf16 gradients, so flash holds
 // 2 + 1 + 2 + 2.125 bytes per parameter), fp32 for the fp32 and 8bit recipes (fp32 gradients).
-static int gpu_open(Gpu *g, GPT2 *m, int flash, int release, int64_t B, int64_t T) {
+static int gpu_open(Gpu *g, GPT2 *m, int flash, int release, int recompute, int64_t B, int64_t T) {
     memset(g, 0, sizeof *g);
     size_t free_bytes = 0;
     if (!gpu_linked()) return train_fail("this trainer was built without the GPU model (make on a machine with nvcc)");
@@ -1531,7 +1532,7 @@ static int gpu_open(Gpu *g, GPT2 *m, int flash, int release, int64_t B, int64_t 
     g->release = release;
     const GPT2Config *c = &m->config;
     GPT2CudaConfig gc = {c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads,
-                         c->channels, c->stable_embedding, 0};
+                         c->channels, c->stable_embedding, recompute};
     int precision = flash ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32;
     g->logits = (float *)malloc(sizeof(float) * (size_t)c->padded_vocab_size);
     if (!g->logits) return train_fail("out of memory");
@@ -1849,7 +1850,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     if (a->B < 1 || a->T < 1 || a->steps < 1 || a->accum < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
         !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
-        a->release < 0 || a->release > 1 || a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0) {
+        a->release < 0 || a->release > 1 || a->recompute < 0 || a->recompute > 1 || a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0) {
         train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
         goto done;
     }
@@ -1864,6 +1865,10 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     int on_gpu = a->device == 2 || (a->device == 0 && gpu_available());
     if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && strcmp(a->recipe, "8bit") != 0) {
         train_fail("-M and -K set the 8-bit states' map and block size: they need -r 8bit");
+        goto done;
+    }
+    if (a->recompute && !on_gpu) {
+        train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
         goto done;
     }
     if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
@@ -1948,7 +1953,7 @@ static int train_run(const TrainArgs *a, TrainResult *res) {
     Placement place;
     if (loader_init(&loader, &train_file, a->B, a->T)) goto done;
     if (on_gpu) {
-        if (gpu_open(&gpu, &model, flash, a->release, a->B, a->T)) goto done;
+        if (gpu_open(&gpu, &model, flash, a->release, a->recompute, a->B, a->T)) goto done;
         gpu_placement(&gpu, &model, &place);
     } else if (gpt2_alloc_acts(&model, a->B, a->T) || cpu_placement(&model, flash, &place)) goto done;
     if (optimizer_build(&opt, &model, &place, recipe, oc, lr, wd, a->map, a->blocksize, state_bytes)) goto done;
@@ -2158,6 +2163,8 @@ static void usage(FILE *f) {
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
         "  -R <0|1>    gradient release (GPU, flash, -g 0): each layer is stepped inside backward, as soon\n"
         "              as its gradients are final, and no full gradient buffer exists (default 0)\n"
+        "  -C <0|1>    GPU: activation recomputation, each layer's activations recomputed in backward from its\n"
+        "              input (a fraction of the memory, one more forward) (default 0)\n"
         "  -w <0|1>    StableEmbedding (the paper's recipe for 8-bit training): layernorm after the token\n"
         "              embedding, Xavier init, 32-bit optimizer state for wte (default: on for a descriptor,\n"
         "              as recorded in a .bin model)\n"
@@ -2218,7 +2225,7 @@ static int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKDRwbtnluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKDRCwbtnAluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -2239,6 +2246,7 @@ static int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
             else st = train_fail("-D: unknown device '%s' (auto, cpu, gpu)", v);
             break;
         case 'R': st = parse_int(f, v, 0, 1, &n); a->release = (int)n; break;
+        case 'C': st = parse_int(f, v, 0, 1, &n); a->recompute = (int)n; break;
         case 'M':
             if (strcmp(v, "dynamic") == 0) a->map = BNB8_MAP_DYNAMIC;
             else if (strcmp(v, "linear") == 0) a->map = BNB8_MAP_LINEAR;

@@ -714,7 +714,7 @@ static void test_settings(void) {
         {3, {"t", "-r", "4bit"}, "recipe"}, {3, {"t", "-p", "adam"}, "optimizer"}, {2, {"t", "file.bin"}, "unexpected"},
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
         {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"},
-        {3, {"t", "-A", "0"}, "-A"}};
+        {3, {"t", "-A", "0"}, "-A expects"}, {3, {"t", "-C", "2"}, "-C expects"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -729,6 +729,8 @@ static void test_settings(void) {
     EXPECT(parse_args(13, (char **)good, &a, given) == 0 && a.B == 4 && a.steps == 7 && a.stable_embedding == 1 &&
            strcmp(a.optimizer, "lion") == 0 && a.lr == 1e-3f, "good flags: %s", train_error_text);
     EXPECT(given['b'] && given['r'] && given['w'] && !given['e'] && !given['g'], "flags given");
+    const char *more[] = {"t", "-A", "3", "-C", "1"};
+    EXPECT(parse_args(5, (char **)more, &a, given) == 0 && a.accum == 3 && a.recompute == 1, "-A 3 -C 1: %s", train_error_text);
     // The GPU's defaults fill what the command line left out, and only that.
     const char *gpu_flags[] = {"t", "-r", "8bit", "-n", "9"};
     EXPECT(parse_args(5, (char **)gpu_flags, &a, given) == 0, "%s", train_error_text);
@@ -757,6 +759,9 @@ static void test_settings(void) {
     a.release = 1;
     a.device = 1;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "GPU only"), "release on the CPU: '%s'", train_error_text);
+    a.release = 0; a.recompute = 1;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-C 1"), "recompute on the CPU: '%s'", train_error_text);
+    a.recompute = 0;
     if (!gpu_available()) {
         tiny_args(&a, "8bit", "adamw", 3);
         a.device = 2;

@@ -9,6 +9,7 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            within 1% of the CPU's;
   release  flash with gradient release equals flash without it bit for bit (clipping off): the
            per-layer slices are stepped inside backward with the same per-element math;
+  recompute  flash with activation recomputation (-C 1) equals flash without, bit for bit;
   accum    B=2 x 2 micro-batches (-A 2) trains as B=4 on the GPU (fp32 + SGD within 1e-4, flash within
            1%, bf16 gradient sums); release refuses -A 2;
   resume   stop at step 3, resume to 6: bit-identical to a run that never stopped, for fp32, 8bit,
@@ -138,6 +139,24 @@ static void test_release_equal(void) {
     free(p0); free(p1);
 }
 
+// Activation recomputation (-C 1) changes where activations live, not one bit of the training.
+static void test_recompute_equal(void) {
+    int64_t n = num_params("d2c64h2");
+    float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n), l0[5], l1[5];
+    TrainArgs a;
+    small_args(&a, "flash", "adamw", 5, 2);
+    int ok = p0 && p1 && run(&a, l0, p0, n, NULL) == 0;
+    a.recompute = 1;
+    ok = ok && run(&a, l1, p1, n, NULL) == 0;
+    CHECK(ok, "recompute runs");
+    if (ok) {
+        int same = memcmp(l0, l1, sizeof l0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0;
+        CHECK(same, "recompute: losses or masters after 5 steps differ from the run without it");
+        printf("  recompute: flash with -C 1 = flash without, 5 steps: %s\n", same ? "bit-identical" : "DIFFERENT");
+    }
+    free(p0); free(p1);
+}
+
 // Gradient accumulation on the GPU: B=2 x 2 micro-batches (the second backward adds to the
 // gradients) trains as B=4, fp32 recipe with SGD (which sees a gradient A times too large) and flash
 // with AdamW (bf16 gradients summed in bf16); release with -A 2 is refused.
@@ -223,6 +242,7 @@ int main(void) {
     test_parity_fp32();
     test_bf16_losses();
     test_release_equal();
+    test_recompute_equal();
     test_accumulation();
     test_resume();
     test_memory_d12();
