@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/device_checks}
-CHECKS=${CHECKS:-"trainer model d72 kernels bench"}
+CHECKS=${CHECKS:-"trainer model d72 d72c kernels bench"}
 mkdir -p "$OUT"
 if [ -z "${BIN:-}" ]; then
     BIN=build
@@ -38,12 +38,14 @@ for c in $CHECKS; do
     model)   check model "$BIN/test_gpt2_cuda" ;;
     # GPT-2 7B (d72, 7.3e9 parameters): flash + release, B=1, T=1024; the report gives the peak memory
     d72)     check d72 "$BIN/train_gpt2_8bit_cuda" -e d72 -b 1 -t 1024 -n 10 -v 0 -G 0 -u 2 -l 3e-4 -w 0 ;;
+    # the same with activation recomputation (-C 1): the same losses, far fewer activations
+    d72c)    check d72c "$BIN/train_gpt2_8bit_cuda" -e d72 -b 1 -t 1024 -n 10 -v 0 -G 0 -u 2 -l 3e-4 -w 0 -C 1 ;;
     kernels) check kernels "$BIN/test_gpu" ;;
     bench)   check bench "$BIN/bench_gpu"
              if python3 -c "import torch" 2>/dev/null; then
                  check peers env PYTHONPATH="$PWD/.whl/site" python3 dev/bench/peers/bench_peers.py
              fi ;;
-    *)       echo "unknown check '$c' (trainer model d72 kernels bench)"; exit 2 ;;
+    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench)"; exit 2 ;;
     esac
 done
 echo "=== summary"
