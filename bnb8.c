@@ -645,14 +645,13 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
             }
         }
     }
-    t.name = (char *)malloc(strlen(name) + 1);
-    if (t.name && opt->num_tensors == opt->tensors_capacity) {   // grow by doubling
+    if (opt->num_tensors == opt->tensors_capacity) {   // grow by doubling
         int capacity = opt->tensors_capacity ? 2 * opt->tensors_capacity : 16;
         bnb8_tensor *grown = (bnb8_tensor *)realloc(opt->tensors, (size_t)capacity * sizeof *grown);
         if (grown) { opt->tensors = grown; opt->tensors_capacity = capacity; }
     }
-    if (!t.name || opt->num_tensors == opt->tensors_capacity) {
-        free(t.name);
+    t.name = opt->num_tensors < opt->tensors_capacity ? (char *)malloc(strlen(name) + 1) : NULL;
+    if (!t.name) {
         if (t.on_gpu) bnb8_cuda_free(t.memory); else free(t.memory);
         return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
     }

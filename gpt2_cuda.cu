@@ -797,7 +797,7 @@ template <typename T>
 static LayerActs<T> layer_acts(GPT2Cuda *m, int64_t l) {
     int64_t B = m->B, T_ = m->T, BT = B * T_, BTC = BT * m->c.channels, NH = m->c.num_heads;
     int64_t k = m->c.recompute ? 0 : l;                         // the slot in the arrays
-    int o = m->c.recompute ? A_ONE_LAYER - A_LN1 : 0;           // the block
+    int o = m->c.recompute ? NUM_LAYER_ACTS : 0;                // the block
     LayerActs<T> a;
     a.residual = l == 0 ? (const T *)m->act[A_ENCODED] : (const T *)m->act[A_RES3] + (l - 1) * BTC;
     a.ln1 = (T *)m->act[o + A_LN1] + k * BTC;

@@ -1579,9 +1579,6 @@ static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
     return bnb8_optimizer_step_tensors(g->opt, ids, count, g->lr, 1.0f, stream) ? 1 : 0;
 }
 
-// One training step on the GPU: forward, backward and the optimizer (inside backward under release).
-// *norm: the global gradient norm (NAN under release, where it is never formed); *skipped: 1 when
-// it was not finite and nothing was updated. Waits for the GPU at the end (the loss).
 // gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
 // the norm of their mean: the mean, clipped at clip (0 = off).
 static float step_scale(double norm, float clip, int64_t accum) {
@@ -1599,22 +1596,23 @@ static int gpu_forward_backward(Gpu *g, const GPT2 *m, bnb8_optimizer *opt, cons
         return train_fail("GPU step: %s%s%s", gpt2_cuda_last_error(), g->release ? "; optimizer: " : "",
                           g->release ? bnb8_last_error() : "");
     if (gpt2_cuda_loss(g->model, loss, NULL)) return train_fail("GPU loss: %s", gpt2_cuda_last_error());
-    gpu_note_memory(g);
     return 0;
 }
 
-// The optimizer step on gradients summed over accum micro-batches (*norm: their mean's norm); with
-// release the layers were stepped in backward and nothing is left to do.
+// The optimizer step on gradients summed over accum micro-batches. *norm: their mean's norm (NAN
+// under release, where the layers were stepped in backward and no global norm is formed); *skipped:
+// 1 when it was not finite and nothing was updated. Then the device memory in use, once per step.
 static int gpu_optimizer_step(Gpu *g, bnb8_optimizer *opt, float lr, float clip, int64_t accum, double *norm,
                               int *skipped) {
     *norm = NAN;
     *skipped = 0;
-    if (g->release) return 0;
-    if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
-    *norm /= (double)accum;
-    *skipped = !isfinite(*norm);
-    if (!*skipped && bnb8_optimizer_step(opt, lr, step_scale(*norm, clip, accum), gpt2_cuda_stream(g->model)))
-        return train_fail("optimizer step: %s", bnb8_last_error());
+    if (!g->release) {
+        if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
+        *norm /= (double)accum;
+        *skipped = !isfinite(*norm);
+        if (!*skipped && bnb8_optimizer_step(opt, lr, step_scale(*norm, clip, accum), gpt2_cuda_stream(g->model)))
+            return train_fail("optimizer step: %s", bnb8_last_error());
+    }
     gpu_note_memory(g);
     return 0;
 }
