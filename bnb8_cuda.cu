@@ -5,6 +5,7 @@ per-element math from bnb8.h so that results are bit-identical. Build with -fmad
 */
 #include "bnb8.h"
 #include <cuda_runtime.h>
+#include <limits.h>
 
 #define BNB8_THREADS 256
 
@@ -875,10 +876,11 @@ static int bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
         c->norms = NULL;
         c->tensor_max = NULL;
         c->norm_capacity = 0;
-        int status = bnb8_cuda_status(fn, cudaMalloc(&c->norms, sizeof(double) * BNB8_NORMS * (size_t)count * 2));
-        if (!status) status = bnb8_cuda_status(fn, cudaMalloc(&c->tensor_max, sizeof(unsigned) * 3 * (size_t)count * 2));
+        int capacity = count > INT_MAX / 2 ? count : 2 * count;   // room to grow, without int overflow
+        int status = bnb8_cuda_status(fn, cudaMalloc(&c->norms, sizeof(double) * BNB8_NORMS * (size_t)capacity));
+        if (!status) status = bnb8_cuda_status(fn, cudaMalloc(&c->tensor_max, sizeof(unsigned) * 3 * (size_t)capacity));
         if (status) return status;
-        c->norm_capacity = count * 2;
+        c->norm_capacity = capacity;
     }
     return BNB8_OK;
 }
@@ -1005,11 +1007,12 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     h->blocked_chunks = blocked_chunks;
     const bnb8_step_header *dh = (const bnb8_step_header *)c->upload;
     const bnb8_gpu_tensor *dt = (const bnb8_gpu_tensor *)((char *)c->upload + header_bytes);
-    cudaMemcpyAsync(c->upload, c->staging[slot], bytes, cudaMemcpyHostToDevice, stream);
-    cudaEventRecord(c->staged[slot], stream);
+    status = bnb8_cuda_status(fn, cudaMemcpyAsync(c->upload, c->staging[slot], bytes, cudaMemcpyHostToDevice, stream));
+    if (!status) status = bnb8_cuda_status(fn, cudaEventRecord(c->staged[slot], stream));
+    if (!status && (need_percentile || need_trust))
+        status = bnb8_cuda_status(fn, cudaMemsetAsync(c->norms, 0, sizeof(double) * BNB8_NORMS * (size_t)count, stream));
+    if (status) return status;
     int64_t grid = chunks < (int64_t)c->sms * 8 ? chunks : (int64_t)c->sms * 8;
-    if (need_percentile || need_trust)
-        cudaMemsetAsync(c->norms, 0, sizeof(double) * BNB8_NORMS * (size_t)count, stream);
     if (need_percentile) {
         if (rows == 2) bnb8_norms_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 0);
         else bnb8_norms_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 0);
