@@ -609,11 +609,7 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     t.format = t.cfg.format != BNB8_STATE_32BIT && n >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
     for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
-    // The GPU steps every tensor of a launch with one pair of maps (the optimizer's) and needs each
-    // block's absmax within one pass: a per-tensor absmax needs the CPU's two passes.
-    if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.blocksize == 0)
-        return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: '%s' is GPU memory: blocksize 0 (one absmax per tensor) is "
-                         "CPU-only for now", fn, name);
+    // The GPU steps every tensor of a launch with one pair of maps (the optimizer's).
     if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.map != opt->cfg.map)
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is GPU memory: its map must be the optimizer's (a per-tensor "
                          "map is CPU-only for now)", fn, name);

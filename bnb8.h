@@ -126,7 +126,7 @@ typedef struct {
     int percentile_clipping;     // 1..99: clip g at that percentile of the last 100 norms; 100 = off
     bnb8_state_format format;    // 32-bit, 8-bit block-wise or flash (companded) states
     int64_t blocksize;           // 8-bit block size: a power of two, 64..4096 (default 256), or 0: one
-                                 // absmax per tensor (the paper's "no blocks" ablation; CPU tensors only)
+                                 // absmax per tensor (the paper's "no blocks" ablation; two passes per step)
     bnb8_map map;                // 8-bit maps: BNB8_MAP_DYNAMIC (default, 0) or BNB8_MAP_LINEAR; a GPU tensor
                                  // must keep the optimizer's (one map pair per launch)
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
@@ -642,13 +642,14 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
 
 // ------------------------------------------------------------------------------------------------
 // The optimizer's GPU path (internal): bnb8.c describes each GPU tensor of a step (its arrays and
-// the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch.
+// the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
+// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes.
 
 typedef struct {
     void *param;
     const void *grad;
     void *state[3];              // (n) floats, or (n) codes
-    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit state
+    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit state; (1) for blocksize 0
     float *history;              // (100) squared gradient norms when percentile clipping is on
     int64_t n;
     int64_t step;                // the tensor's step count, this step included

@@ -5,6 +5,7 @@ per-element math from bnb8.h so that results are bit-identical. Build with -fmad
 */
 #include "bnb8.h"
 #include <cuda_runtime.h>
+#include <limits.h>
 
 #define BNB8_THREADS 256
 
@@ -337,11 +338,19 @@ extern "C" int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_d
 // Optimizer step: every tensor of a step in one launch. The tensors are cut into chunks of R rows
 // (R = 2, or 4 when a tensor has 4096-element blocks); a persistent grid walks the chunks and finds
 // each chunk's tensor by binary search over first_chunk.
+// 8-bit tensors with one absmax per tensor (blocksize 0) come last and get launches of their own,
+// the CPU's two passes: the same update kernel first only takes max |fresh state| over the whole
+// tensor (BNB8_PASS_MAX), then recomputes the same floats and stores weights and the codes under
+// that max (BNB8_PASS_STORE); a last kernel writes it as the tensor's absmax. Nothing is written
+// before the second pass, so both passes read the same old states, absmax included.
+enum { BNB8_PASS_BLOCKS = 0, BNB8_PASS_MAX = 1, BNB8_PASS_STORE = 2 };
 
 typedef struct {
     float code[2][256];          // [0] unsigned, [1] signed map of the optimizer (dynamic or linear)
     int64_t total_chunks;
     int count;
+    int blocked;                 // tensors [0, blocked) have blocks or 32-bit states, the rest blocksize 0
+    int64_t blocked_chunks;      // the chunks of tensors [0, blocked)
 } bnb8_step_header;
 
 // Per tensor, on the device: [0] sum g^2, [1] sum p^2, [2] sum u^2 (double atomics: the order
@@ -356,9 +365,10 @@ typedef struct {
     void *upload;                // device copy of the current header + tensors
     double *norms;               // (count, BNB8_NORMS)
     int norm_capacity;
+    unsigned *tensor_max;        // (norm_capacity, 3) blocksize-0 tensors: max |fresh state|, as float bits
     unsigned long long *nonfinite;
     int sms;
-    int update_per_sm[2][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    int update_per_sm[3][2][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
 
 // The tensor of a chunk: the last one whose first_chunk <= chunk. A block's chunks only grow, so
@@ -367,6 +377,12 @@ __device__ int bnb8_find_tensor(const bnb8_gpu_tensor *t, int count, int64_t chu
     while (ti + 1 < count && t[ti + 1].first_chunk <= chunk) ti++;
     return ti;
 }
+
+// 8-bit states with one absmax per tensor: stepped in two passes (blocksize 0).
+__host__ __device__ bool bnb8_per_tensor(const bnb8_gpu_tensor *t) { return t->eight_bit && t->blocksize == 0; }
+
+// Element i's absmax is absmax[k][i >> shift]; for blocksize 0 every i < 2^52 shifts to the one.
+__device__ int bnb8_absmax_shift(const bnb8_gpu_tensor *t) { return t->blocksize > 0 ? bnb8_log2(t->blocksize) : 63; }
 
 // Whether a tensor's arrays all allow vector accesses.
 __device__ bool bnb8_tensor_vec(const bnb8_gpu_tensor *t) {
@@ -396,7 +412,7 @@ __device__ void bnb8_load_states4(const bnb8_gpu_tensor *t, const float (*code)[
         if (k >= t->args.nstates) break;
         if (!t->eight_bit) { bnb8_load4(t->state[k], BNB8_F32, i, t->n, vec, s[k]); continue; }
         uint32_t c = bnb8_load_codes4((const uint8_t *)t->state[k], i, t->n, vec);
-        float a = i < t->n ? t->absmax[k][i >> bnb8_log2(t->blocksize)] : 0.0f;
+        float a = i < t->n ? t->absmax[k][i >> bnb8_absmax_shift(t)] : 0.0f;
         const float *map = code[bnb8_state_signed(t->args.kind, k)];
         #pragma unroll
         for (int j = 0; j < 4; j++) s[k][j] = map[(c >> (8 * j)) & 255u] * a;
@@ -474,14 +490,14 @@ struct bnb8_update_smem {
     float scratch[BNB8_WARPS];
     bnb8_gpu_tensor t;           // the tensor of the current chunks, gnorm_scale made final
     float trust;                 // its LAMB / LARS trust ratio (1 when off)
-    int shift;                   // log2 of its block size
+    int shift;                   // log2 of its block size (bnb8_absmax_shift)
     int vec;                     // its arrays allow vector accesses
     int def;                     // flash in the default configuration (bnb8_flash_chunk's DEF)
 };
 
-// The tensor that holds chunk: the last one whose first_chunk <= chunk (binary search).
-__device__ int bnb8_tensor_of(const bnb8_gpu_tensor *t, int count, int64_t chunk) {
-    int lo = 0, hi = count - 1;
+// The tensor among [first, end) that holds chunk: the last one whose first_chunk <= chunk (binary search).
+__device__ int bnb8_tensor_of(const bnb8_gpu_tensor *t, int first, int end, int64_t chunk) {
+    int lo = first, hi = end - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (t[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
@@ -496,13 +512,16 @@ __host__ __device__ constexpr int bnb8_max_states(int kind) {
     return kind == BNB8_ADEMAMIX ? 3 : kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB ? 2 : 1;
 }
 
-template <int R, int KIND, bool FULL>
+// PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
+// of each state into tmax; BNB8_PASS_STORE stores everything, the codes under tmax's absmax.
+template <int R, int KIND, bool FULL, int PASS>
 __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_unsigned, int zero_signed,
-                                  unsigned &bad) {
+                                  unsigned &bad, unsigned *tmax) {
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n;
     const bool vec = FULL || sm.vec;
-    const int nstates = t.args.nstates, eight_bit = t.eight_bit, shift = sm.shift;
+    const int nstates = t.args.nstates, shift = sm.shift;
+    const int eight_bit = PASS != BNB8_PASS_BLOCKS ? 1 : t.eight_bit;   // the passes see 8-bit tensors only
     constexpr int S = bnb8_max_states(KIND);     // states of the kind; SGD and LARS may have none
     bnb8_step_args args = t.args;
     args.kind = KIND;
@@ -545,7 +564,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             bool inside = FULL || i + j < n, finite = bnb8_isfinite(g[r][j]);
-            bad += inside && !finite;
+            bad += PASS != BNB8_PASS_MAX && inside && !finite;   // counted once, by the pass that stores
             float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
             float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
@@ -554,7 +573,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
         }
-        bnb8_store4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
+        if (PASS != BNB8_PASS_MAX) bnb8_store4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
     }
     #pragma unroll
     for (int k = 0; k < S; k++) {
@@ -565,19 +584,32 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             continue;
         }
         float amax[R];
-        #pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = base + bnb8_offset<R>(r);
-            amax[r] = 0.0f;
+        if (PASS == BNB8_PASS_STORE) {            // the tensor's new absmax, from the max pass
             #pragma unroll
-            for (int j = 0; j < 4; j++) if (FULL || i + j < n) amax[r] = fmaxf(amax[r], fabsf(s[r][k][j]));
+            for (int r = 0; r < R; r++) amax[r] = bnb8_bits_f32(tmax[k]);
+        } else {
+            #pragma unroll
+            for (int r = 0; r < R; r++) {
+                int64_t i = base + bnb8_offset<R>(r);
+                amax[r] = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < 4; j++) if (FULL || i + j < n) amax[r] = fmaxf(amax[r], fabsf(s[r][k][j]));
+            }
+            if (PASS == BNB8_PASS_MAX) {
+                // The chunk's max, then the tensor's: fmaxf is exact in any order, never NaN from 0,
+                // and the bits of non-negative floats order as the floats do.
+                bnb8_block_max<R>(amax, R * BNB8_ROW, sm.scratch);
+                if (threadIdx.x == 0) atomicMax(&tmax[k], bnb8_f32_bits(amax[0]));
+                continue;
+            }
+            bnb8_block_max<R>(amax, t.blocksize, sm.scratch);
         }
-        bnb8_block_max<R>(amax, t.blocksize, sm.scratch);
         const int is_signed = bnb8_state_signed(KIND, k), zero_code = is_signed ? zero_signed : zero_unsigned;
         #pragma unroll
         for (int r = 0; r < R; r++) {
             int64_t i = base + bnb8_offset<R>(r);
-            if ((FULL || i < n) && (i & (t.blocksize - 1)) == 0) t.absmax[k][i >> shift] = amax[r];
+            // blocksize 0: the absmax is written after the last pass (this one still reads the old)
+            if (PASS == BNB8_PASS_BLOCKS && (FULL || i < n) && (i & (t.blocksize - 1)) == 0) t.absmax[k][i >> shift] = amax[r];
             // Codes without dividing; the rare values next to a threshold divide afterwards.
             const bnb8_codebook *book = &sm.books[is_signed];
             float rec = bnb8_reciprocal(amax[r]);
@@ -753,10 +785,12 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
 // shared math's switch folds away.
 // FLASH: the launch holds flash tensors or corrected weights (only the kinds with a flash form).
-template <int R, int KIND, bool FLASH>
+// PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
+// passes the blocksize-0 ones after them (tensor_max: their maxima, 3 per tensor).
+template <int R, int KIND, bool FLASH, int PASS>
 __global__ void __launch_bounds__(BNB8_THREADS, R == 2 ? 3 : 2)
 bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const double *norms,
-                   unsigned long long *nonfinite) {
+                   unsigned long long *nonfinite, unsigned *tensor_max) {
     extern __shared__ __align__(16) unsigned char bnb8_smem[];
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
     bnb8_flash_smem &fs = *(bnb8_flash_smem *)(bnb8_smem + (sizeof(bnb8_update_smem) + 15) / 16 * 16);
@@ -767,18 +801,22 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
         fs.ecc8[threadIdx.x] = bnb8_ecc_unit((int32_t)(int8_t)threadIdx.x, 127);
     }
     __syncthreads();
-    bnb8_codebook_fill(&sm.books[0], sm.code[0]);
-    bnb8_codebook_fill(&sm.books[1], sm.code[1]);
+    if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing
+        bnb8_codebook_fill(&sm.books[0], sm.code[0]);
+        bnb8_codebook_fill(&sm.books[1], sm.code[1]);
+    }
     const int zero_unsigned = bnb8_zero_code(0), zero_signed = bnb8_zero_code(1);   // not nearest(0): bnb8.h says why
-    const int count = h->count;
-    const int64_t total = h->total_chunks, per_block = (total + gridDim.x - 1) / gridDim.x;
-    const int64_t begin = blockIdx.x * per_block, end = begin + per_block < total ? begin + per_block : total;
+    const bool blocks = PASS == BNB8_PASS_BLOCKS;
+    const int first = blocks ? 0 : h->blocked, count = blocks ? h->blocked : h->count;
+    const int64_t first_chunk = blocks ? 0 : h->blocked_chunks, total = blocks ? h->blocked_chunks : h->total_chunks;
+    const int64_t per_block = (total - first_chunk + gridDim.x - 1) / gridDim.x;
+    const int64_t begin = first_chunk + blockIdx.x * per_block, end = begin + per_block < total ? begin + per_block : total;
     unsigned bad = 0;
     int64_t next_tensor_chunk = begin;           // the chunk where the descriptor must change
     int ti = 0;
     for (int64_t chunk = begin; chunk < end; chunk++) {
         if (chunk >= next_tensor_chunk) {        // uniform over the block
-            ti = bnb8_tensor_of(tensors, count, chunk);
+            ti = bnb8_tensor_of(tensors, first, count, chunk);
             __syncthreads();                     // every thread is done with the former tensor
             const uint32_t *src = (const uint32_t *)&tensors[ti];
             uint32_t *dst = (uint32_t *)&sm.t;
@@ -789,7 +827,7 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
                 if (t->percentile < 100) t->args.gnorm_scale *= (float)norms[ti * BNB8_NORMS + 3];
                 sm.trust = bnb8_needs_trust(t)
                     ? bnb8_trust_ratio(t->args.max_unorm, (float)norms[ti * BNB8_NORMS + 1], (float)norms[ti * BNB8_NORMS + 2]) : 1.0f;
-                sm.shift = t->eight_bit ? bnb8_log2(t->blocksize) : 0;
+                sm.shift = bnb8_absmax_shift(t);
                 sm.vec = bnb8_tensor_vec(t);
                 sm.def = t->format == BNB8_STATE_FLASH && t->param_dtype == BNB8_BF16 && t->correction_bytes == 1 &&
                          t->grad_dtype == BNB8_BF16 && t->scale_dtype == BNB8_BF16;
@@ -807,8 +845,9 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
                 continue;
             }
         }
-        if (full) bnb8_update_chunk<R, KIND, true>(sm, base, zero_unsigned, zero_signed, bad);
-        else bnb8_update_chunk<R, KIND, false>(sm, base, zero_unsigned, zero_signed, bad);
+        unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
+        if (full) bnb8_update_chunk<R, KIND, true, PASS>(sm, base, zero_unsigned, zero_signed, bad, tmax);
+        else bnb8_update_chunk<R, KIND, false, PASS>(sm, base, zero_unsigned, zero_signed, bad, tmax);
     }
     for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
     if (threadIdx.x % 32 == 0 && bad) atomicAdd(nonfinite, (unsigned long long)bad);
@@ -833,11 +872,15 @@ static int bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
     }
     if (count > c->norm_capacity) {
         if (c->norms) cudaFree(c->norms);
+        if (c->tensor_max) cudaFree(c->tensor_max);
         c->norms = NULL;
+        c->tensor_max = NULL;
         c->norm_capacity = 0;
-        int status = bnb8_cuda_status(fn, cudaMalloc(&c->norms, sizeof(double) * BNB8_NORMS * (size_t)count * 2));
+        int capacity = count > INT_MAX / 2 ? count : 2 * count;   // room to grow, without int overflow
+        int status = bnb8_cuda_status(fn, cudaMalloc(&c->norms, sizeof(double) * BNB8_NORMS * (size_t)capacity));
+        if (!status) status = bnb8_cuda_status(fn, cudaMalloc(&c->tensor_max, sizeof(unsigned) * 3 * (size_t)capacity));
         if (status) return status;
-        c->norm_capacity = count * 2;
+        c->norm_capacity = capacity;
     }
     return BNB8_OK;
 }
@@ -851,6 +894,7 @@ extern "C" void bnb8_cuda_context_free(void *context) {
     }
     cudaFree(c->upload);
     cudaFree(c->norms);
+    cudaFree(c->tensor_max);
     cudaFree(c->nonfinite);
     free(c);
 }
@@ -870,20 +914,55 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
     return BNB8_OK;
 }
 
-// Launches the update kernel of kind KIND with one wave of blocks (each block builds its
-// codebooks once, then walks its range of chunks).
-template <int KIND, bool FLASH>
+// Launches the update kernel of kind KIND over its chunks with one wave of blocks (each block
+// builds its codebooks once, then walks its share of the chunks).
+template <int KIND, bool FLASH, int PASS>
 static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, const bnb8_step_header *dh,
                               const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     const int smem = (int)((sizeof(bnb8_update_smem) + 15) / 16 * 16 + (FLASH ? sizeof(bnb8_flash_smem) : 0));
-    int *per_sm = &c->update_per_sm[FLASH][rows == 4][KIND];
+    int *per_sm = &c->update_per_sm[PASS][FLASH][rows == 4][KIND];
     int64_t grid;
-    int status = rows == 2 ? bnb8_persistent_grid(bnb8_update_kernel<2, KIND, FLASH>, smem, per_sm, chunks, &grid)
-                           : bnb8_persistent_grid(bnb8_update_kernel<4, KIND, FLASH>, smem, per_sm, chunks, &grid);
+    int status = rows == 2 ? bnb8_persistent_grid(bnb8_update_kernel<2, KIND, FLASH, PASS>, smem, per_sm, chunks, &grid)
+                           : bnb8_persistent_grid(bnb8_update_kernel<4, KIND, FLASH, PASS>, smem, per_sm, chunks, &grid);
     if (status) return status;
-    if (rows == 2) bnb8_update_kernel<2, KIND, FLASH><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite);
-    else bnb8_update_kernel<4, KIND, FLASH><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite);
+    if (rows == 2) bnb8_update_kernel<2, KIND, FLASH, PASS><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite, c->tensor_max);
+    else bnb8_update_kernel<4, KIND, FLASH, PASS><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite, c->tensor_max);
     return bnb8_cuda_status("bnb8_optimizer_step", cudaGetLastError());
+}
+
+// The launch of KIND, with the flash tables when the launch has flash tensors (flash states and
+// corrected weights exist for AdamW, Adam, SGD and Lion only, and are never blocksize 0).
+template <int KIND, int PASS>
+static int bnb8_launch_kind(bnb8_cuda_context *c, bool flash, int rows, int64_t chunks,
+                            const bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+    if constexpr (PASS == BNB8_PASS_BLOCKS && (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION))
+        if (flash) return bnb8_launch_update<KIND, true, PASS>(c, rows, chunks, dh, dt, stream);
+    return bnb8_launch_update<KIND, false, PASS>(c, rows, chunks, dh, dt, stream);
+}
+
+template <int PASS>
+static int bnb8_launch_pass(bnb8_cuda_context *c, int kind, bool flash, int rows, int64_t chunks,
+                            const bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+    switch (kind) {
+    case BNB8_ADAMW: return bnb8_launch_kind<BNB8_ADAMW, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_ADAM: return bnb8_launch_kind<BNB8_ADAM, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_SGD: return bnb8_launch_kind<BNB8_SGD, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_LION: return bnb8_launch_kind<BNB8_LION, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_RMSPROP: return bnb8_launch_kind<BNB8_RMSPROP, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_ADAGRAD: return bnb8_launch_kind<BNB8_ADAGRAD, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_LAMB: return bnb8_launch_kind<BNB8_LAMB, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_LARS: return bnb8_launch_kind<BNB8_LARS, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    case BNB8_ADEMAMIX: return bnb8_launch_kind<BNB8_ADEMAMIX, PASS>(c, flash, rows, chunks, dh, dt, stream);
+    default: return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_step: optimizer kind %d", kind);
+    }
+}
+
+// After both passes of the blocksize-0 tensors [first, end): each state's max becomes its absmax.
+__global__ void bnb8_absmax_kernel(const bnb8_gpu_tensor *tensors, int first, int end, const unsigned *tensor_max) {
+    int ti = first + blockIdx.x * blockDim.x + threadIdx.x;
+    if (ti >= end) return;
+    const bnb8_gpu_tensor *t = &tensors[ti];
+    for (int k = 0; k < t->args.nstates; k++) t->absmax[k][0] = bnb8_bits_f32(tensor_max[3 * ti + k]);
 }
 
 extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
@@ -912,21 +991,28 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
         need_percentile |= tensors[i].percentile < 100;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
     }
+    // The blocksize-0 tensors last: [0, blocked) keep the single launch, [blocked, count) get the two passes.
+    int blocked = 0;
+    for (int i = 0; i < count; i++) if (!bnb8_per_tensor(&tensors[i])) t[blocked++] = tensors[i];
+    for (int i = 0, m = blocked; i < count; i++) if (bnb8_per_tensor(&tensors[i])) t[m++] = tensors[i];
     int64_t chunks = 0, chunk = (int64_t)rows * BNB8_ROW;
     for (int i = 0; i < count; i++) {
-        t[i] = tensors[i];
         t[i].first_chunk = chunks;
         chunks += (t[i].n + chunk - 1) / chunk;
     }
+    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks;
     h->total_chunks = chunks;
     h->count = count;
+    h->blocked = blocked;
+    h->blocked_chunks = blocked_chunks;
     const bnb8_step_header *dh = (const bnb8_step_header *)c->upload;
     const bnb8_gpu_tensor *dt = (const bnb8_gpu_tensor *)((char *)c->upload + header_bytes);
-    cudaMemcpyAsync(c->upload, c->staging[slot], bytes, cudaMemcpyHostToDevice, stream);
-    cudaEventRecord(c->staged[slot], stream);
+    status = bnb8_cuda_status(fn, cudaMemcpyAsync(c->upload, c->staging[slot], bytes, cudaMemcpyHostToDevice, stream));
+    if (!status) status = bnb8_cuda_status(fn, cudaEventRecord(c->staged[slot], stream));
+    if (!status && (need_percentile || need_trust))
+        status = bnb8_cuda_status(fn, cudaMemsetAsync(c->norms, 0, sizeof(double) * BNB8_NORMS * (size_t)count, stream));
+    if (status) return status;
     int64_t grid = chunks < (int64_t)c->sms * 8 ? chunks : (int64_t)c->sms * 8;
-    if (need_percentile || need_trust)
-        cudaMemsetAsync(c->norms, 0, sizeof(double) * BNB8_NORMS * (size_t)count, stream);
     if (need_percentile) {
         if (rows == 2) bnb8_norms_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 0);
         else bnb8_norms_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 0);
@@ -940,21 +1026,16 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     // Flash states and corrected weights exist for AdamW, Adam, SGD and Lion only (bnb8.c checks).
     if (flash && !(kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION))
         return bnb8_fail(BNB8_ERR_ARG, "%s: flash states for optimizer kind %d", fn, kind);
-    switch (kind) {
-    case BNB8_ADAMW: status = flash ? bnb8_launch_update<BNB8_ADAMW, true>(c, rows, chunks, dh, dt, stream)
-                                    : bnb8_launch_update<BNB8_ADAMW, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_ADAM: status = flash ? bnb8_launch_update<BNB8_ADAM, true>(c, rows, chunks, dh, dt, stream)
-                                   : bnb8_launch_update<BNB8_ADAM, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_SGD: status = flash ? bnb8_launch_update<BNB8_SGD, true>(c, rows, chunks, dh, dt, stream)
-                                  : bnb8_launch_update<BNB8_SGD, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_LION: status = flash ? bnb8_launch_update<BNB8_LION, true>(c, rows, chunks, dh, dt, stream)
-                                   : bnb8_launch_update<BNB8_LION, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_RMSPROP: status = bnb8_launch_update<BNB8_RMSPROP, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_ADAGRAD: status = bnb8_launch_update<BNB8_ADAGRAD, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_LAMB: status = bnb8_launch_update<BNB8_LAMB, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_LARS: status = bnb8_launch_update<BNB8_LARS, false>(c, rows, chunks, dh, dt, stream); break;
-    case BNB8_ADEMAMIX: status = bnb8_launch_update<BNB8_ADEMAMIX, false>(c, rows, chunks, dh, dt, stream); break;
-    default: return bnb8_fail(BNB8_ERR_ARG, "%s: optimizer kind %d", fn, kind);
+    if (blocked > 0) status = bnb8_launch_pass<BNB8_PASS_BLOCKS>(c, kind, flash, rows, blocked_chunks, dh, dt, stream);
+    if (!status && blocked < count) {
+        status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,
+                                                      sizeof(unsigned) * 3 * (size_t)(count - blocked), stream));
+        if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, false, rows, chunks - blocked_chunks, dh, dt, stream);
+        if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, false, rows, chunks - blocked_chunks, dh, dt, stream);
+        if (!status) {
+            bnb8_absmax_kernel<<<(count - blocked + 127) / 128, 128, 0, stream>>>(dt, blocked, count, c->tensor_max);
+            status = bnb8_cuda_status(fn, cudaGetLastError());
+        }
     }
     if (status) return status;
     return bnb8_cuda_status(fn, cudaGetLastError());

@@ -5,6 +5,7 @@ bit-identical results (SPEC §9). Run with `make test-gpu` on a machine with a G
 The CPU path is the reference; it is itself tested against double precision by `make test`.
 Norm-based options (LAMB, LARS, percentile clipping) sum in a different order on the GPU: those
 are checked bit for bit too, and when they differ, within 1e-5 relative (stated per test).
+8-bit states with one absmax per tensor (blocksize 0) are checked the same way.
 */
 #include "bnb8.h"
 #include <cuda_runtime.h>
@@ -173,8 +174,12 @@ static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop
 
 // Runs steps on both back ends; returns the largest relative parameter difference seen at the end
 // (0 when bit-identical) and in *equal whether the state files and the fp32 exports are byte-identical.
+// override_name: that tensor gets 32-bit states; per_tensor_name: that one one absmax per tensor
+// (blocksize 0). Every 4th step is a subset step of `subset` tensors: ids step, step - 1, ... mod
+// the count (from 2 on, a later tensor before an earlier one).
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
-                               const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name) {
+                               const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
+                               const char *per_tensor_name = NULL, int subset = 1) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -189,6 +194,12 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         o.weight_decay = 0.0f;
         bnb8_optimizer_override(cpu, override_name, &o);
         bnb8_optimizer_override(gpu, override_name, &o);
+    }
+    if (per_tensor_name) {
+        bnb8_config o = cfg;
+        o.blocksize = 0;
+        bnb8_optimizer_override(cpu, per_tensor_name, &o);
+        bnb8_optimizer_override(gpu, per_tensor_name, &o);
     }
     size_t ps = bnb8_dtype_size(pdtype), gs = bnb8_dtype_size(gdtype);
     std::vector<pair_tensor> t(sizes.size());
@@ -213,9 +224,11 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         }
         float lr = cfg.lr * (0.5f + 0.5f * cosf(3.14159265f * step / steps)), gnorm_scale = step % 5 == 0 ? 0.5f : 1.0f;
         if (step % 4 == 0 && t.size() > 1) {  // a subset step now and then: tensors keep their own counts
-            int ids[1] = {(int)(step % t.size())};
-            EXPECT(bnb8_optimizer_step_tensors(cpu, ids, 1, lr, gnorm_scale, NULL) == 0, "cpu: %s", bnb8_last_error());
-            EXPECT(bnb8_optimizer_step_tensors(gpu, ids, 1, lr, gnorm_scale, NULL) == 0, "gpu: %s", bnb8_last_error());
+            std::vector<int> ids;
+            for (int k = 0; k < subset && k < (int)t.size(); k++) ids.push_back((int)((step + (t.size() - 1) * k) % t.size()));
+            int count = (int)ids.size();
+            EXPECT(bnb8_optimizer_step_tensors(cpu, ids.data(), count, lr, gnorm_scale, NULL) == 0, "cpu: %s", bnb8_last_error());
+            EXPECT(bnb8_optimizer_step_tensors(gpu, ids.data(), count, lr, gnorm_scale, NULL) == 0, "gpu: %s", bnb8_last_error());
         } else {
             EXPECT(bnb8_optimizer_step(cpu, lr, gnorm_scale, NULL) == 0, "cpu: %s", bnb8_last_error());
             EXPECT(bnb8_optimizer_step(gpu, lr, gnorm_scale, NULL) == 0, "gpu: %s", bnb8_last_error());
@@ -378,28 +391,73 @@ static void test_optimizer_options(void) {
         EXPECT(norm_based ? worst <= 1e-5 : worst == 0.0 && equal, "%s linear map: params differ by %g rel, state files %s",
                optimizer_names[kind], worst, equal ? "equal" : "differ");
     }
-    // One absmax per tensor is CPU-only for now, and a GPU tensor keeps the optimizer's map: an
-    // 8-bit GPU tensor asking otherwise is refused when added; one under min_8bit_size is not.
+    // A GPU tensor keeps the optimizer's map: an 8-bit GPU tensor asking otherwise is refused when
+    // added; one under min_8bit_size is not.
     void *dp, *dg;
     CUDA_CHECK(cudaMalloc(&dp, 8192 * 4));
     CUDA_CHECK(cudaMalloc(&dg, 8192 * 4));
     bnb8_optimizer *o = NULL;
-    cfg = bnb8_config_default(BNB8_ADAMW);
-    cfg.blocksize = 0;
-    EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, &cfg) == 0, "create: %s", bnb8_last_error());
-    int status = bnb8_optimizer_add(o, "w", dp, BNB8_F32, dg, BNB8_F32, 8192, NULL);
-    EXPECT(status == BNB8_ERR_BLOCKSIZE && strstr(bnb8_last_error(), "CPU-only"), "blocksize 0 on the GPU: status %d (%s)",
-           status, bnb8_last_error());
-    EXPECT(bnb8_optimizer_add(o, "small", dp, BNB8_F32, dg, BNB8_F32, 100, NULL) == 0, "a 32-bit GPU tensor: %s", bnb8_last_error());
-    bnb8_optimizer_free(o);
     bnb8_config lin = bnb8_config_default(BNB8_ADAMW);
     lin.map = BNB8_MAP_LINEAR;
-    EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, NULL) == 0 && bnb8_optimizer_override(o, "w", &lin) == 0, "create");
-    status = bnb8_optimizer_add(o, "w", dp, BNB8_F32, dg, BNB8_F32, 8192, NULL);
+    EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, NULL) == 0 && bnb8_optimizer_override(o, "w", &lin) == 0 &&
+           bnb8_optimizer_override(o, "small", &lin) == 0, "create");
+    int status = bnb8_optimizer_add(o, "w", dp, BNB8_F32, dg, BNB8_F32, 8192, NULL);
     EXPECT(status == BNB8_ERR_ARG, "a GPU tensor with its own map: status %d (%s)", status, bnb8_last_error());
+    EXPECT(bnb8_optimizer_add(o, "small", dp, BNB8_F32, dg, BNB8_F32, 100, NULL) == 0, "a 32-bit GPU tensor: %s", bnb8_last_error());
     bnb8_optimizer_free(o);
     cudaFree(dp);
     cudaFree(dg);
+}
+
+// One absmax per tensor (blocksize 0, the paper's "no blocks" ablation): the GPU's two passes must
+// give the CPU's parameters, codes and absmax bit for bit. Every optimizer, f32 and bf16 weights,
+// every tensor 8-bit with one absmax (subset steps included, see optimizer_parity); LAMB and LARS
+// and percentile clipping take norms summed in another order, so as above they must agree within
+// 1e-5 and are reported bit-identical or not. Then one blocksize-0 tensor among blocked and 32-bit
+// ones in one optimizer (blocks of 256: chunks of 2 rows, of 4096: 4 rows), with subset steps of
+// two tensors, among them the blocksize-0 t4 with the 32-bit t3 and the blocked t0 with t4.
+static void test_per_tensor_parity(void) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
+    for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++)
+        for (int d = 0; d < 2; d++) {
+            bnb8_config cfg = bnb8_config_default((bnb8_optim)kind);
+            cfg.blocksize = 0;
+            cfg.min_8bit_size = 0;
+            cfg.weight_decay = 0.01f;
+            if (kind == BNB8_ADEMAMIX) { cfg.t_alpha = 50; cfg.t_beta3 = 50; }
+            bnb8_dtype dtype = d ? BNB8_BF16 : BNB8_F32;
+            int equal = 0;
+            double worst = optimizer_parity((bnb8_optim)kind, cfg, dtype, dtype, sizes, steps(100), &equal, NULL);
+            int norm_based = kind == BNB8_LAMB || kind == BNB8_LARS;
+            printf("    %-9s 8-bit one absmax p %-4s: %s\n", optimizer_names[kind], dtype_name(dtype),
+                   worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+            EXPECT(norm_based ? worst <= 1e-5 : worst == 0.0 && equal, "%s one absmax p %s: params differ by %g rel, state files %s",
+                   optimizer_names[kind], dtype_name(dtype), worst, equal ? "equal" : "differ");
+        }
+    bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
+    cfg.blocksize = 0;
+    cfg.min_8bit_size = 0;
+    cfg.percentile_clipping = 5;
+    int equal = 0;
+    double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_F32, BNB8_F32, sizes, steps(100), &equal, NULL);
+    printf("    one absmax, percentile clipping: %s (max rel diff %g)\n", worst == 0.0 && equal ? "bit-identical" : "differs", worst);
+    EXPECT(worst <= 1e-5, "one absmax, percentile clipping: max relative parameter difference %g > 1e-5", worst);
+    const bnb8_optim mixed[2] = {BNB8_ADAMW, BNB8_LAMB};
+    for (int m = 0; m < 2; m++)
+        for (int64_t bs = 256; bs <= 4096; bs *= 16)
+            for (int d = 0; d < 2; d++) {
+                cfg = bnb8_config_default(mixed[m]);
+                cfg.blocksize = bs;
+                cfg.min_8bit_size = 0;
+                bnb8_dtype dtype = d ? BNB8_BF16 : BNB8_F32;
+                // t4 (the largest) one absmax, t3 32-bit, the others blocks of bs
+                worst = optimizer_parity(mixed[m], cfg, dtype, dtype, sizes, steps(100), &equal, "t3", "t4", 2);
+                printf("    %-9s one absmax among blocks of %-4lld p %-4s: %s\n", optimizer_names[mixed[m]], (long long)bs,
+                       dtype_name(dtype), worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+                EXPECT(mixed[m] == BNB8_LAMB ? worst <= 1e-5 : worst == 0.0 && equal,
+                       "%s one absmax among blocks of %lld p %s: params differ by %g rel, state files %s",
+                       optimizer_names[mixed[m]], (long long)bs, dtype_name(dtype), worst, equal ? "equal" : "differ");
+            }
 }
 
 int main(void) {
@@ -420,6 +478,7 @@ int main(void) {
     run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
     run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
     run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
+    run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     printf("%d passed, %d failed\n", tests_passed, tests_failed);
     return tests_failed ? 1 : 0;
 }
