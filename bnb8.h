@@ -310,23 +310,28 @@ BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
 }
 
 // The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x.
-// Each entry holds the number j of thresholds below its whole bucket and, when exactly one
-// threshold lies inside (always so for the dynamic maps), that threshold's low 16 bits: x and it
-// share every higher bit, so one integer comparison of the low bits decides (for negative buckets
-// both are stored complemented, so that "greater" means "above" for either sign). Buckets holding
-// more thresholds (dense or odd maps), the tiny-exponent bucket when a threshold is in it, and NaN
-// fall back to the binary search. One 32-bit table read per value instead of eight comparisons.
+// Within a bucket a value's position is its low 16 bits (complemented for a negative bucket, so that
+// positions grow with the value). Each entry holds the number j of thresholds below the bucket and
+// the position of the one threshold that decides inside it, biased by BNB8_LOOKUP_MARGIN: a
+// threshold inside, or one at most that many floats outside an edge (positions -16..-1 below,
+// 0x10000.. above; then j counts from the threshold below it): one integer comparison decides, and
+// a value that lands in the bucket from a neighbour's side still sees the threshold it is near.
+// With none, the position is out of reach (BNB8_ENTRY_NONE). Buckets with two such thresholds, the
+// tiny-exponent and [1, inf] buckets with one, and NaN fall back to the binary search (for the
+// dynamic and linear maps only the NaN buckets). One table read per value instead of eight
+// comparisons.
 #define BNB8_LOOKUP_BITS 7
 #define BNB8_LOOKUP_E0 103             // exponents below (|x| < 2^-24) share one bucket
 #define BNB8_LOOKUP_EXACT ((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS)   // buckets of one exponent
 #define BNB8_LOOKUP_HALF (BNB8_LOOKUP_EXACT + 3)   // per sign: tiny, exact..., [1, inf], NaN
 #define BNB8_LOOKUP_SIZE (2 * BNB8_LOOKUP_HALF)
-#define BNB8_ENTRY_ONE 0x1000000u      // one threshold inside; bits 0..15 hold its low bits
-#define BNB8_ENTRY_SEARCH 0x2000000u   // several thresholds inside: binary search
+#define BNB8_LOOKUP_MARGIN 16u         // floats outside a bucket whose thresholds it must know
+#define BNB8_ENTRY_NONE 0x1ffffu       // bits 0..16: biased position of the threshold, or this
+#define BNB8_ENTRY_SEARCH 0x100000u    // bit 20: binary search; bits 24..31: j
 
 typedef struct {
     float t[256];                          // thresholds, t[255] = +inf
-    uint32_t entry[BNB8_LOOKUP_SIZE];      // per bucket: flags | j << 16 | low bits of a threshold
+    uint32_t entry[BNB8_LOOKUP_SIZE];      // per bucket: j << 24 | search flag | biased position
 } bnb8_codebook;
 
 BNB8_HD int bnb8_bucket(float x) {
@@ -346,20 +351,35 @@ BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b) {
     if (k == 0) hi = (BNB8_LOOKUP_E0 << 23) - 1u;
     else if (k == BNB8_LOOKUP_HALF - 2) lo = 0x3f800000u;
     else { lo = (uint32_t)(k - 1 + (BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS)) << (23 - BNB8_LOOKUP_BITS); hi = lo + 0xffffu; }
-    float a = bnb8_bits_f32(lo), z = bnb8_bits_f32(hi);
+    // The bucket's values [first, last] and the margins beside them (magnitudes clamped to [0, inf]).
+    uint32_t wide_lo = lo > BNB8_LOOKUP_MARGIN ? lo - BNB8_LOOKUP_MARGIN : 0u;
+    uint32_t wide_hi = hi + BNB8_LOOKUP_MARGIN < 0x7f800000u ? hi + BNB8_LOOKUP_MARGIN : 0x7f800000u;
+    float a = bnb8_bits_f32(lo), z = bnb8_bits_f32(hi), wa = bnb8_bits_f32(wide_lo), wz = bnb8_bits_f32(wide_hi);
     float first = negative ? -z : a, last = negative ? -a : z;
     uint32_t j = (uint32_t)bnb8_count_below(t, first), inside = (uint32_t)bnb8_count_at_most(t, last) - j;
-    if (inside == 0) return j << 16;
+    uint32_t below = j - (uint32_t)bnb8_count_below(t, negative ? -wz : wa);
+    uint32_t above = (uint32_t)bnb8_count_at_most(t, negative ? -wa : wz) - j - inside;
     int exact = k > 0 && k < BNB8_LOOKUP_HALF - 2;
-    if (inside == 1 && exact) return BNB8_ENTRY_ONE | j << 16 | ((bnb8_f32_bits(t[j]) ^ (negative ? 0xffffu : 0u)) & 0xffffu);
-    return BNB8_ENTRY_SEARCH;
+    if (inside + below + above == 0) return j << 24 | BNB8_ENTRY_NONE;
+    if (inside + below + above > 1 || !exact) return BNB8_ENTRY_SEARCH;
+    // The one threshold: its position (low bits, complemented for a negative bucket, so that they
+    // grow with the value) when inside; beyond 0xffff or below 0 by its distance from the edge.
+    uint32_t edge = negative ? lo : hi;                          // magnitude of the bucket's top value
+    if (inside) return j << 24 | (((bnb8_f32_bits(t[j]) ^ (negative ? 0xffffu : 0u)) & 0xffffu) + BNB8_LOOKUP_MARGIN);
+    if (above) {
+        uint32_t d = negative ? edge - (bnb8_f32_bits(t[j]) & 0x7fffffffu) : (bnb8_f32_bits(t[j]) & 0x7fffffffu) - edge;
+        return j << 24 | (0xffffu + d + BNB8_LOOKUP_MARGIN);
+    }
+    uint32_t bottom = negative ? hi : lo, tb = bnb8_f32_bits(t[j - 1]) & 0x7fffffffu;
+    uint32_t d = negative ? tb - bottom : bottom - tb;                   // 1..16 floats below
+    return (j - 1) << 24 | (BNB8_LOOKUP_MARGIN - d);
 }
 BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {
     bnb8_thresholds(code, cb->t);
     for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) cb->entry[b] = bnb8_codebook_entry(cb->t, b);
 }
 
-// The low 16 bits of x, complemented for a negative x (as the table stores its thresholds).
+// The position of x in its bucket: its low 16 bits, complemented for a negative x.
 BNB8_HD uint32_t bnb8_low_bits(float x) {
     uint32_t u = bnb8_f32_bits(x);
     return (u ^ (uint32_t)((int32_t)u >> 31)) & 0xffffu;
@@ -368,21 +388,19 @@ BNB8_HD uint32_t bnb8_low_bits(float x) {
 BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
     uint32_t e = cb->entry[bnb8_bucket(x)];
     if (e & BNB8_ENTRY_SEARCH) return bnb8_nearest_code(cb->t, x);
-    uint32_t j = (e >> 16) & 255u, one = (e >> 24) & 1u, lx = bnb8_low_bits(x), lt = e & 0xffffu;
-    uint32_t tie = lx == lt;                               // x is the threshold: to the even index
-    return (int)(j + (one & ((lx > lt) | (tie & j))));
+    uint32_t j = e >> 24, px = bnb8_low_bits(x) + BNB8_LOOKUP_MARGIN, pt = e & 0x1ffffu;
+    return (int)(j + (px > pt) + ((px == pt) & j & 1u));   // x on the threshold: to the even index
 }
 
 // The code of x / a from q = x * r, r = 1 / a, without the division. q is within 3 ulps of the
 // correctly rounded x / a (two roundings of relative error 2^-24 each, r normal), so they have
-// the same code unless q lies within 8 ulps of a threshold or of its bucket's edge: then *exact
-// is set and the caller divides (about 1 value in 2000; SPEC §2 keeps the result exact).
+// the same code unless q lies within 8 floats of the threshold its bucket knows (the table knows
+// those up to BNB8_LOOKUP_MARGIN floats past its edges): then *exact is set and the caller divides
+// (SPEC §2 keeps the result exact).
 BNB8_HD int bnb8_nearest_code_near(const bnb8_codebook *cb, float q, int *exact) {
-    uint32_t e = cb->entry[bnb8_bucket(q)];
-    uint32_t j = (e >> 16) & 255u, one = (e >> 24) & 1u, lx = bnb8_low_bits(q), lt = e & 0xffffu;
-    uint32_t near_threshold = one & (lx - lt + 8u <= 16u), near_edge = ((lx + 8u) & 0xffffu) <= 16u;
-    *exact = (int)((e >> 25) | near_threshold | near_edge);
-    return (int)(j + (one & (lx > lt)));
+    uint32_t e = cb->entry[bnb8_bucket(q)], lx = bnb8_low_bits(q), pt = e & 0x1ffffu;
+    *exact = (int)(((e & BNB8_ENTRY_SEARCH) != 0) | (lx + BNB8_LOOKUP_MARGIN + 8u - pt <= 16u));
+    return (int)((e >> 24) + ((pt - BNB8_LOOKUP_MARGIN - lx) >> 31));   // j, + 1 above the threshold
 }
 
 // The code of exact zero in an optimizer's maps (SPEC §4): 127 signed, 0 unsigned; all-zero blocks

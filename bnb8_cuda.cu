@@ -179,14 +179,15 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
             int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
             if (i < n && (i & (blocksize - 1)) == 0) absmax[i >> shift] = amax[r];
             // Codes without dividing; the rare values next to a threshold divide afterwards.
+            // Every value's code computed, then selected: no branch per value (see the update kernel).
             float rec = bnb8_reciprocal(amax[r]);
             uint32_t c = 0, redo = 0;
             #pragma unroll
             for (int j = 0; j < 4; j++) {
-                int exact = 0, code = zero_code;
-                if (amax[r] > 0.0f && bnb8_isfinite(v[r][j])) code = bnb8_nearest_code_near(&cb, v[r][j] * rec, &exact);
-                c |= (uint32_t)code << (8 * j);
-                redo |= (uint32_t)exact << j;
+                bool take = amax[r] > 0.0f && bnb8_isfinite(v[r][j]);
+                int exact = 0, code = bnb8_nearest_code_near(&cb, v[r][j] * rec, &exact);
+                c |= (uint32_t)(take ? code : zero_code) << (8 * j);
+                redo |= (uint32_t)(take && exact) << j;
             }
             if (redo) {
                 #pragma unroll
@@ -612,14 +613,16 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             if (PASS == BNB8_PASS_BLOCKS && (FULL || i < n) && (i & (t.blocksize - 1)) == 0) t.absmax[k][i >> shift] = amax[r];
             // Codes without dividing; the rare values next to a threshold divide afterwards.
             const bnb8_codebook *book = &sm.books[is_signed];
+            // Computed for every value and then selected, without a branch per value (a zero block
+            // gets rec = NaN: a valid table read whose code is not taken).
             float rec = bnb8_reciprocal(amax[r]);
+            const bool some = amax[r] > 0.0f;
             uint32_t q = 0, redo = 0;
             #pragma unroll
             for (int j = 0; j < 4; j++) {
-                int exact = 0, code = zero_code;
-                if (amax[r] > 0.0f) code = bnb8_quantize_value_near(book, zero_code, s[r][k][j], rec, &exact);
-                q |= (uint32_t)code << (8 * j);
-                redo |= (uint32_t)exact << j;
+                int exact = 0, code = bnb8_quantize_value_near(book, zero_code, s[r][k][j], rec, &exact);
+                q |= (uint32_t)(some ? code : zero_code) << (8 * j);
+                redo |= (uint32_t)(some && exact) << j;
             }
             if (redo) {
                 #pragma unroll

@@ -372,19 +372,31 @@ static void check_nearest(const char *map, const float lib_t[256], const float t
     EXPECT(fast == want, "%s: nearest_code_fast(%.9g = 0x%08x) = %d, brute force %d", map, (double)x, fbits(x), fast, want);
 }
 
+// A map whose thresholds sit 1..17 floats from the edges of lookup buckets (2^16 floats each), on
+// both sides of an edge and for both signs: pairs of equal codes put a threshold on the code itself.
+static void map_near_bucket_edges(float code[256]) {
+    for (int i = 0; i < 64; i++) {
+        uint32_t edge = 0x3a000000u + (uint32_t)i * 0x40000u, d = 1u + (uint32_t)i % 17u;
+        float v = bnb8_bits_f32(i % 2 ? edge - d : edge + d);
+        code[128 + 2 * i] = code[129 + 2 * i] = v;
+        code[127 - 2 * i] = code[126 - 2 * i] = -v;
+    }
+}
+
 // The division-free code (bnb8_nearest_code_near on x * (1/a)) equals the code of the correctly
 // rounded x / a wherever it does not ask for the division, on every map; x is drawn at random and
 // within a few ulps of every threshold times a, a over the whole float range.
 static void test_nearest_code_near(void) {
     test_rng r = test_rng_new();
-    float maps[4][256];
+    float maps[5][256];
     bnb8_map_dynamic(maps[0], 1);
     bnb8_map_dynamic(maps[1], 0);
     bnb8_map_linear(maps[2], 1);
     bnb8_map_linear(maps[3], 0);
+    map_near_bucket_edges(maps[4]);
     bnb8_codebook *book = (bnb8_codebook *)xmalloc(sizeof *book);
     int64_t checked = 0, divided = 0;
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < 5; m++) {
         float t[255];
         ref_thresholds(maps[m], t);
         bnb8_codebook_init(book, maps[m]);
@@ -417,9 +429,9 @@ static void test_nearest_code_near(void) {
 
 static void test_nearest_code(void) {
     test_rng r = test_rng_new();
-    float maps[6][256];
-    const char *names[6] = {"dynamic signed", "dynamic unsigned", "linear signed", "linear unsigned", "quantile",
-                            "clustered"};
+    float maps[7][256];
+    const char *names[7] = {"dynamic signed", "dynamic unsigned", "linear signed", "linear unsigned", "quantile",
+                            "clustered", "thresholds next to bucket edges"};
     bnb8_map_dynamic(maps[0], 1);
     bnb8_map_dynamic(maps[1], 0);
     bnb8_map_linear(maps[2], 1);
@@ -438,8 +450,9 @@ static void test_nearest_code(void) {
         maps[5][k] = k < 64 ? -1.0f + 0.01f * (float)k
                    : k < 128 ? -0x1p-25f + 1e-9f * (float)(k - 64)
                    : k < 192 ? 0.5f + 1e-6f * (float)(k - 128) : 0.75f + 0.001f * (float)(k - 192);
+    map_near_bucket_edges(maps[6]);
     check_book = (bnb8_codebook *)xmalloc(sizeof *check_book);
-    for (int m = 0; m < 6; m++) {
+    for (int m = 0; m < 7; m++) {
         const float *c = maps[m];
         float t[255], lib_t[256];
         bnb8_codebook_init(check_book, c);
@@ -465,11 +478,16 @@ static void test_nearest_code(void) {
             }
             check_nearest(names[m], lib_t, t, x);
         }
-        // Every threshold and both of its float neighbours.
+        // Every threshold and the 20 floats on either side of it (past a bucket edge, when near one).
         for (int k = 0; k < 255; k++) {
             check_nearest(names[m], lib_t, t, t[k]);
-            check_nearest(names[m], lib_t, t, nextafterf(t[k], INFINITY));
-            check_nearest(names[m], lib_t, t, nextafterf(t[k], -INFINITY));
+            float up = t[k], down = t[k];
+            for (int step = 0; step < 20; step++) {
+                up = nextafterf(up, INFINITY);
+                down = nextafterf(down, -INFINITY);
+                check_nearest(names[m], lib_t, t, up);
+                check_nearest(names[m], lib_t, t, down);
+            }
         }
         // Outside the map: below c_0 gives 0, above c_255 gives 255; and both zeros.
         float below[] = {-1.1f, -INFINITY, -FLT_MAX, nextafterf(c[0], -INFINITY)};
