@@ -741,16 +741,17 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sk[k] : s[r][k][j];
             if (pdt == BNB8_F32) { p[r][j] = take ? pn : p[r][j]; continue; }
-            if (!take) continue;                        // the weight's bits and correction stay
+            // The new bits and correction are computed for every element and kept where take
+            // (else the weight's bits and correction stay): a select, not a branch per element.
             uint16_t h = bnb8_f32_to_narrow(pn, pdt);
             int sh = 16 * (j & 1);
-            nb[j / 2] = (nb[j / 2] & ~(0xffffu << sh)) | ((uint32_t)h << sh);
+            nb[j / 2] = take ? (nb[j / 2] & ~(0xffffu << sh)) | ((uint32_t)h << sh) : nb[j / 2];
             if (cb == 1) {
                 uint32_t q = (uint32_t)(uint8_t)(int8_t)bnb8_ecc_code(pn, h, pdt, qmax);
-                nc[0] = (nc[0] & ~(255u << (8 * j))) | (q << (8 * j));
+                nc[0] = take ? (nc[0] & ~(255u << (8 * j))) | (q << (8 * j)) : nc[0];
             } else if (cb == 2) {
                 uint32_t q = (uint32_t)(uint16_t)(int16_t)bnb8_ecc_code(pn, h, pdt, qmax);
-                nc[j / 2] = (nc[j / 2] & ~(0xffffu << sh)) | (q << sh);
+                nc[j / 2] = take ? (nc[j / 2] & ~(0xffffu << sh)) | (q << sh) : nc[j / 2];
             }
         }
         if (pdt == BNB8_F32) bnb8_store4(t.param, BNB8_F32, i, lim, vec, p[r]);
