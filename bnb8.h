@@ -363,15 +363,15 @@ BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b) {
     if (inside + below + above == 0) return j << 24 | BNB8_ENTRY_NONE;
     if (inside + below + above > 1 || !exact) return BNB8_ENTRY_SEARCH;
     // The one threshold: its position (low bits, complemented for a negative bucket, so that they
-    // grow with the value) when inside; beyond 0xffff or below 0 by its distance from the edge.
-    uint32_t edge = negative ? lo : hi;                          // magnitude of the bucket's top value
+    // grow with the value) when inside; past 0xffff or below 0 by its distance in floats from the
+    // bucket's top or bottom value (magnitudes top and bottom: a negative bucket is mirrored).
     if (inside) return j << 24 | (((bnb8_f32_bits(t[j]) ^ (negative ? 0xffffu : 0u)) & 0xffffu) + BNB8_LOOKUP_MARGIN);
+    uint32_t top = negative ? lo : hi, bottom = negative ? hi : lo;
     if (above) {
-        uint32_t d = negative ? edge - (bnb8_f32_bits(t[j]) & 0x7fffffffu) : (bnb8_f32_bits(t[j]) & 0x7fffffffu) - edge;
+        uint32_t m = bnb8_f32_bits(t[j]) & 0x7fffffffu, d = negative ? top - m : m - top;     // 1..16 above
         return j << 24 | (0xffffu + d + BNB8_LOOKUP_MARGIN);
     }
-    uint32_t bottom = negative ? hi : lo, tb = bnb8_f32_bits(t[j - 1]) & 0x7fffffffu;
-    uint32_t d = negative ? tb - bottom : bottom - tb;                   // 1..16 floats below
+    uint32_t m = bnb8_f32_bits(t[j - 1]) & 0x7fffffffu, d = negative ? m - bottom : bottom - m;   // 1..16 below
     return (j - 1) << 24 | (BNB8_LOOKUP_MARGIN - d);
 }
 BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {

@@ -372,11 +372,14 @@ typedef struct {
     int update_per_sm[3][2][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
 
-// The tensor of a chunk: the last one whose first_chunk <= chunk. A block's chunks only grow, so
-// the search walks on from the block's previous tensor (ti, 0 at the start).
-__device__ int bnb8_find_tensor(const bnb8_gpu_tensor *t, int count, int64_t chunk, int ti) {
-    while (ti + 1 < count && t[ti + 1].first_chunk <= chunk) ti++;
-    return ti;
+// The tensor among [first, end) that holds chunk: the last one whose first_chunk <= chunk (binary search).
+__device__ int bnb8_tensor_of(const bnb8_gpu_tensor *t, int first, int end, int64_t chunk) {
+    int lo = first, hi = end - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (t[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
+    }
+    return lo;
 }
 
 // 8-bit states with one absmax per tensor: stepped in two passes (blocksize 0).
@@ -436,7 +439,7 @@ bnb8_norms_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, dou
     __syncthreads();
     int ti = 0;
     for (int64_t chunk = blockIdx.x; chunk < h->total_chunks; chunk += gridDim.x) {
-        ti = bnb8_find_tensor(tensors, h->count, chunk, ti);
+        ti = bnb8_tensor_of(tensors, ti, h->count, chunk);     // a block's chunks only grow
         const bnb8_gpu_tensor *t = &tensors[ti];
         if (mode == 0 ? t->percentile >= 100 : !bnb8_needs_trust(t)) continue;   // uniform over the block
         bool vec = bnb8_tensor_vec(t);
@@ -496,23 +499,13 @@ struct bnb8_update_smem {
     int def;                     // flash in the default configuration (bnb8_flash_chunk's DEF)
 };
 
-// The tensor among [first, end) that holds chunk: the last one whose first_chunk <= chunk (binary search).
-__device__ int bnb8_tensor_of(const bnb8_gpu_tensor *t, int first, int end, int64_t chunk) {
-    int lo = first, hi = end - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (t[mid].first_chunk <= chunk) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
-
-// One chunk of R rows at element base of the tensor in sm.t. FULL: the whole chunk lies inside
-// the tensor and its arrays allow vector accesses (every chunk but a tensor's last, normally).
 // States an optimizer kind keeps at most (bnb8_state_count with momentum).
 __host__ __device__ constexpr int bnb8_max_states(int kind) {
     return kind == BNB8_ADEMAMIX ? 3 : kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB ? 2 : 1;
 }
 
+// One chunk of R rows at element base of the tensor in sm.t. FULL: the whole chunk lies inside
+// the tensor and its arrays allow vector accesses (every chunk but a tensor's last, normally).
 // PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
 // of each state into tmax; BNB8_PASS_STORE stores everything, the codes under tmax's absmax.
 template <int R, int KIND, bool FULL, int PASS>
