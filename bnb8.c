@@ -224,7 +224,7 @@ int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const
     if (n == 0) { if (nonfinite) *nonfinite = 0; return BNB8_OK; }
     bnb8_codebook *cb = (bnb8_codebook *)malloc(sizeof *cb);
     if (!cb) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_quantize_blockwise: codebook");
-    bnb8_codebook_init(cb, code);
+    bnb8_codebook_init(cb, code, 0);
     int zero_code = bnb8_nearest_code(cb->t, 0.0f);
     int64_t nblocks = (n + blocksize - 1) / blocksize, bad = 0;
     #pragma omp parallel for schedule(static) reduction(+:bad)
@@ -240,9 +240,9 @@ int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const
         float r = bnb8_reciprocal(amax);
         for (int64_t i = start; i < end; i++) {
             float v = bnb8_load(x, dtype, i);
-            int c = zero_code, exact = 0;
-            if (amax > 0.0f && bnb8_isfinite(v)) c = bnb8_nearest_code_near(cb, v * r, &exact);
-            q[i] = (uint8_t)(exact ? bnb8_nearest_code_fast(cb, v / amax) : c);
+            int c = zero_code, redo = 0;
+            if (amax > 0.0f && bnb8_isfinite(v)) c = bnb8_code_near(cb, v * r, &redo);
+            q[i] = (uint8_t)(redo ? bnb8_nearest_code_fast(cb, v / amax) : c);
         }
     }
     free(cb);
@@ -502,7 +502,7 @@ int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_conf
     for (int is_signed = 0; is_signed < 2; is_signed++) {
         bnb8_map_dynamic(o->code[BNB8_MAP_DYNAMIC][is_signed], is_signed);
         bnb8_map_linear(o->code[BNB8_MAP_LINEAR][is_signed], is_signed);
-        for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed]);
+        for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed], bnb8_zero_code(is_signed));
     }
     *opt = o;
     return BNB8_OK;
@@ -893,9 +893,9 @@ static void bnb8_requantize(const bnb8_optimizer *opt, const bnb8_tensor *t, int
     const bnb8_codebook *book = &opt->books[t->cfg.map][is_signed];
     float r = bnb8_reciprocal(amax);
     for (int64_t i = 0; i < count; i++) {
-        int c = zero_code, exact = 0;
-        if (amax > 0.0f) c = bnb8_quantize_value_near(book, zero_code, v[i], r, &exact);
-        codes[i] = (uint8_t)(exact ? bnb8_quantize_value(book, zero_code, v[i], amax) : c);
+        int c = zero_code, redo = 0;
+        if (amax > 0.0f) c = bnb8_quantize_value_near(book, v[i], r, &redo);
+        codes[i] = (uint8_t)(redo ? bnb8_quantize_value(book, zero_code, v[i], amax) : c);
     }
 }
 

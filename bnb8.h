@@ -276,7 +276,7 @@ BNB8_HD void bnb8_store(void *x, bnb8_dtype dtype, int64_t i, float v) {
     else ((uint16_t *)x)[i] = bnb8_f32_to_f16(v);
 }
 
-BNB8_HD int bnb8_isfinite(float x) { return (bnb8_f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+BNB8_HD int bnb8_isfinite(float x) { return fabsf(x) <= 0x1.fffffep127f; }   // false for NaN
 
 // The 255 decision thresholds of a map, t[k] = (code[k] + code[k+1]) * 0.5f, padded with +inf at
 // t[255] so that a branch-free binary search over 256 slots works.
@@ -309,48 +309,52 @@ BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
     return i;
 }
 
-// The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x.
-// Within a bucket a value's position is its low 16 bits (complemented for a negative bucket, so that
-// positions grow with the value). Each entry holds the number j of thresholds below the bucket and
-// the position of the one threshold that decides inside it, biased by BNB8_LOOKUP_MARGIN: a
-// threshold inside, or one at most that many floats outside an edge (positions -16..-1 below,
-// 0x10000.. above; then j counts from the threshold below it): one integer comparison decides, and
-// a value that lands in the bucket from a neighbour's side still sees the threshold it is near.
-// With none, the position is out of reach (BNB8_ENTRY_NONE). Buckets with two such thresholds, the
-// tiny-exponent and [1, inf] buckets with one, and NaN fall back to the binary search (for the
-// dynamic and linear maps only the NaN buckets). One table read per value instead of eight
-// comparisons.
+// The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x
+// (bucket 2k + sign: k = 0 for |x| < 2^-24, one k per 2^16 floats of exponents 103..126, then
+// [1, inf], then NaN). Within a bucket a value's position is its low 16 bits (complemented for a
+// negative x, so that positions grow with the value). Each entry holds the number j of thresholds
+// below the bucket and the position pt of the one threshold that decides inside it, biased by
+// BNB8_LOOKUP_MARGIN: a threshold inside, or one at most that many floats outside an edge
+// (positions -16..-1 below, 0x10000.. above; then j counts from the threshold below it), so that a
+// value that lands in the bucket from a neighbour's side still sees the threshold it is near; with
+// none, pt is out of reach (BNB8_ENTRY_NONE). An entry is j << 24 | (0xffffff - pt): adding a
+// value's biased position carries into the top byte exactly when the value lies above the
+// threshold. Buckets with two such thresholds, NaN and a few more (bnb8_codebook_entry) hold 0:
+// the binary search (for the dynamic and linear maps only NaN). A codebook built with a
+// zero code z > 0 gives negative values at most z - 1 (bnb8_keep_sign's rule, in the table).
 #define BNB8_LOOKUP_BITS 7
 #define BNB8_LOOKUP_E0 103             // exponents below (|x| < 2^-24) share one bucket
 #define BNB8_LOOKUP_EXACT ((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS)   // buckets of one exponent
 #define BNB8_LOOKUP_HALF (BNB8_LOOKUP_EXACT + 3)   // per sign: tiny, exact..., [1, inf], NaN
-#define BNB8_LOOKUP_SIZE (2 * BNB8_LOOKUP_HALF)
+#define BNB8_LOOKUP_K0 ((BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS) - 1)   // bits 16..30 of |x| at k = 0
+#define BNB8_LOOKUP_SIZE (2 * (0x3fff - BNB8_LOOKUP_K0 + 1))   // bnb8_code_near's reach (bits 16..29)
 #define BNB8_LOOKUP_MARGIN 16u         // floats outside a bucket whose thresholds it must know
-#define BNB8_ENTRY_NONE 0x1ffffu       // bits 0..16: biased position of the threshold, or this
-#define BNB8_ENTRY_SEARCH 0x100000u    // bit 20: binary search; bits 24..31: j
+#define BNB8_ENTRY_NONE 0x1ffffu       // the biased position of no threshold
+#define BNB8_NEAR_LIMIT 1.0078125f     // |q| below it: a bucket up to [1, inf] (1 + 2^-7 in bits 16..22)
 
 typedef struct {
+    uint32_t entry[BNB8_LOOKUP_SIZE];      // bucket 2k + sign: j << 24 | (0xffffff - pt), or 0: search
     float t[256];                          // thresholds, t[255] = +inf
-    uint32_t entry[BNB8_LOOKUP_SIZE];      // per bucket: j << 24 | search flag | biased position
+    int search;                            // a bucket below BNB8_NEAR_LIMIT searches: no fast path
 } bnb8_codebook;
 
 BNB8_HD int bnb8_bucket(float x) {
     uint32_t u = bnb8_f32_bits(x), mag = u & 0x7fffffffu;
-    int k = (int)(mag >> (23 - BNB8_LOOKUP_BITS)) - ((BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS) - 1);
+    int k = (int)(mag >> (23 - BNB8_LOOKUP_BITS)) - BNB8_LOOKUP_K0;
     k = k < 0 ? 0 : k;                                               // tiny
     k = k > BNB8_LOOKUP_HALF - 2 ? BNB8_LOOKUP_HALF - 2 : k;         // [1, inf]
     k = mag > 0x7f800000u ? BNB8_LOOKUP_HALF - 1 : k;                // NaN
-    return (u >> 31) ? BNB8_LOOKUP_HALF + k : k;
+    return 2 * k + (int)(u >> 31);
 }
 
 // Entry b of the table: the bucket's magnitudes [lo, hi] are values [lo, hi] or [-hi, -lo].
-BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b) {
-    int negative = b >= BNB8_LOOKUP_HALF, k = negative ? b - BNB8_LOOKUP_HALF : b;
-    if (k == BNB8_LOOKUP_HALF - 1) return BNB8_ENTRY_SEARCH;                    // NaN
+BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b, int zero_code) {
+    int negative = b & 1, k = b >> 1;
+    if (k >= BNB8_LOOKUP_HALF - 1) return 0;                                     // NaN, and past it
     uint32_t lo = 0, hi = 0x7f800000u;                                           // [1, inf]: lo below
     if (k == 0) hi = (BNB8_LOOKUP_E0 << 23) - 1u;
     else if (k == BNB8_LOOKUP_HALF - 2) lo = 0x3f800000u;
-    else { lo = (uint32_t)(k - 1 + (BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS)) << (23 - BNB8_LOOKUP_BITS); hi = lo + 0xffffu; }
+    else { lo = (uint32_t)(k + BNB8_LOOKUP_K0) << (23 - BNB8_LOOKUP_BITS); hi = lo + 0xffffu; }
     // The bucket's values [first, last] and the margins beside them (magnitudes clamped to [0, inf]).
     uint32_t wide_lo = lo > BNB8_LOOKUP_MARGIN ? lo - BNB8_LOOKUP_MARGIN : 0u;
     uint32_t wide_hi = hi + BNB8_LOOKUP_MARGIN < 0x7f800000u ? hi + BNB8_LOOKUP_MARGIN : 0x7f800000u;
@@ -359,24 +363,37 @@ BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b) {
     uint32_t j = (uint32_t)bnb8_count_below(t, first), inside = (uint32_t)bnb8_count_at_most(t, last) - j;
     uint32_t below = j - (uint32_t)bnb8_count_below(t, negative ? -wz : wa);
     uint32_t above = (uint32_t)bnb8_count_at_most(t, negative ? -wa : wz) - j - inside;
+    // The tiny and [1, inf] buckets span many exponents, where low bits order only the values near
+    // their edges: a threshold inside is searched, except 0 in the tiny bucket (all of its other
+    // values lie on one side of it; the ones whose low bits tie with it are redone as near).
     int exact = k > 0 && k < BNB8_LOOKUP_HALF - 2;
-    if (inside + below + above == 0) return j << 24 | BNB8_ENTRY_NONE;
-    if (inside + below + above > 1 || !exact) return BNB8_ENTRY_SEARCH;
+    uint32_t pt = BNB8_ENTRY_NONE;
+    if (inside + below + above > 1 || (inside && !exact && !(k == 0 && t[j] == 0.0f))) return 0;
     // The one threshold: its position (low bits, complemented for a negative bucket, so that they
     // grow with the value) when inside; past 0xffff or below 0 by its distance in floats from the
     // bucket's top or bottom value (magnitudes top and bottom: a negative bucket is mirrored).
-    if (inside) return j << 24 | (((bnb8_f32_bits(t[j]) ^ (negative ? 0xffffu : 0u)) & 0xffffu) + BNB8_LOOKUP_MARGIN);
     uint32_t top = negative ? lo : hi, bottom = negative ? hi : lo;
-    if (above) {
-        uint32_t m = bnb8_f32_bits(t[j]) & 0x7fffffffu, d = negative ? top - m : m - top;     // 1..16 above
-        return j << 24 | (0xffffu + d + BNB8_LOOKUP_MARGIN);
+    if (inside) {
+        pt = ((bnb8_f32_bits(t[j]) ^ (negative ? 0xffffu : 0u)) & 0xffffu) + BNB8_LOOKUP_MARGIN;
+    } else if (above) {
+        uint32_t m = bnb8_f32_bits(t[j]) & 0x7fffffffu, d = negative ? top - m : m - top;      // 1..16 above
+        pt = 0xffffu + d + BNB8_LOOKUP_MARGIN;
+    } else if (below) {
+        uint32_t m = bnb8_f32_bits(t[j - 1]) & 0x7fffffffu, d = negative ? m - bottom : bottom - m;   // 1..16 below
+        j = j - 1;
+        pt = BNB8_LOOKUP_MARGIN - d;
     }
-    uint32_t m = bnb8_f32_bits(t[j - 1]) & 0x7fffffffu, d = negative ? m - bottom : bottom - m;   // 1..16 below
-    return (j - 1) << 24 | (BNB8_LOOKUP_MARGIN - d);
+    if (zero_code > 0 && negative && j >= (uint32_t)zero_code - 1) { j = (uint32_t)zero_code - 1; pt = BNB8_ENTRY_NONE; }
+    return j << 24 | (0xffffffu - pt);
 }
-BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256]) {
+// zero_code > 0: the codes of negative values stay below it (an optimizer's signed map); else 0.
+BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256], int zero_code) {
     bnb8_thresholds(code, cb->t);
-    for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) cb->entry[b] = bnb8_codebook_entry(cb->t, b);
+    cb->search = 0;
+    for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) {
+        cb->entry[b] = bnb8_codebook_entry(cb->t, b, zero_code);
+        cb->search |= cb->entry[b] == 0 && b < 2 * (BNB8_LOOKUP_HALF - 1);
+    }
 }
 
 // The position of x in its bucket: its low 16 bits, complemented for a negative x.
@@ -385,22 +402,32 @@ BNB8_HD uint32_t bnb8_low_bits(float x) {
     return (u ^ (uint32_t)((int32_t)u >> 31)) & 0xffffu;
 }
 
+// Exact for every x: the tiny and [1, inf] buckets search (their entries serve bnb8_code_near).
 BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
-    uint32_t e = cb->entry[bnb8_bucket(x)];
-    if (e & BNB8_ENTRY_SEARCH) return bnb8_nearest_code(cb->t, x);
-    uint32_t j = e >> 24, px = bnb8_low_bits(x) + BNB8_LOOKUP_MARGIN, pt = e & 0x1ffffu;
+    int b = bnb8_bucket(x), k = b >> 1;
+    uint32_t e = cb->entry[b];
+    if (e == 0 || k == 0 || k == BNB8_LOOKUP_HALF - 2) return bnb8_nearest_code(cb->t, x);
+    uint32_t j = e >> 24, px = bnb8_low_bits(x) + BNB8_LOOKUP_MARGIN, pt = 0xffffffu - (e & 0xffffffu);
     return (int)(j + (px > pt) + ((px == pt) & j & 1u));   // x on the threshold: to the even index
 }
 
-// The code of x / a from q = x * r, r = 1 / a, without the division. q is within 3 ulps of the
-// correctly rounded x / a (two roundings of relative error 2^-24 each, r normal), so they have
-// the same code unless q lies within 8 floats of the threshold its bucket knows (the table knows
-// those up to BNB8_LOOKUP_MARGIN floats past its edges): then *exact is set and the caller divides
-// (SPEC §2 keeps the result exact).
-BNB8_HD int bnb8_nearest_code_near(const bnb8_codebook *cb, float q, int *exact) {
-    uint32_t e = cb->entry[bnb8_bucket(q)], lx = bnb8_low_bits(q), pt = e & 0x1ffffu;
-    *exact = (int)(((e & BNB8_ENTRY_SEARCH) != 0) | (lx + BNB8_LOOKUP_MARGIN + 8u - pt <= 16u));
-    return (int)((e >> 24) + ((pt - BNB8_LOOKUP_MARGIN - lx) >> 31));   // j, + 1 above the threshold
+// The code of x / a from q = x * r, r = bnb8_reciprocal(a), |x| <= a, without the division; sets
+// *redo where the caller must divide (bnb8_nearest_code_fast of x / a, bnb8_quantize_value), and
+// leaves it otherwise. q is within 3 ulps of the correctly rounded x / a (two roundings of relative
+// error 2^-24 each, r normal), so they have the same code unless q lies within 8 floats of the
+// threshold its bucket knows (the table knows those up to BNB8_LOOKUP_MARGIN floats past its edges).
+// Also redone: |q| not below BNB8_NEAR_LIMIT (NaN: a zero or huge a, a non-finite x), a codebook
+// that searches. No branch: the bucket's byte offset 8k + 4 sign comes from bits 16..29 of q (a
+// larger q reads past the buckets, inside the table, and is redone).
+BNB8_HD int bnb8_code_near(const bnb8_codebook *cb, float q, int *redo) {
+    uint32_t u = bnb8_f32_bits(q), sign = (uint32_t)((int32_t)u >> 31);
+    int32_t k8 = (int32_t)((u >> 13) & 0x1fff8u) - 8 * BNB8_LOOKUP_K0;
+    uint32_t e = *(const uint32_t *)((const char *)cb->entry + ((uint32_t)(k8 > 0 ? k8 : 0) | (sign & 4u)));
+    // + the biased position + 9: the top byte is j, + 1 above the threshold; the low 24 bits are
+    // at most 16 exactly within 8 floats of it.
+    uint32_t t = e + ((u ^ sign) & 0xffffu) + BNB8_LOOKUP_MARGIN + 9u;
+    *redo |= !(fabsf(q) < BNB8_NEAR_LIMIT) | ((t & 0xffffffu) <= 16u) | cb->search;
+    return (int)(t >> 24);
 }
 
 // The code of exact zero in an optimizer's maps (SPEC §4): 127 signed, 0 unsigned; all-zero blocks
@@ -414,17 +441,20 @@ BNB8_HD int bnb8_zero_code(int is_signed) { return is_signed ? 127 : 0; }
 BNB8_HD int bnb8_keep_sign(int q, int zero_code, float s) {
     return q >= zero_code && zero_code > 0 && s < 0.0f ? zero_code - 1 : q;
 }
+// With the optimizer's codebook (built with zero_code): s + 0 turns -0 into +0, which is not
+// negative, so that the table's cap (for a negative q) agrees with bnb8_keep_sign.
 BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s, float a) {
+    s = s + 0.0f;
     return bnb8_keep_sign(bnb8_nearest_code_fast(cb, s / a), zero_code, s);
 }
 
-// The same code from r = bnb8_reciprocal(a), without dividing; where *exact is set, the caller
-// must take bnb8_quantize_value's (a fast pass over a block, then the few exact ones).
-BNB8_HD int bnb8_quantize_value_near(const bnb8_codebook *cb, int zero_code, float s, float r, int *exact) {
-    return bnb8_keep_sign(bnb8_nearest_code_near(cb, s * r, exact), zero_code, s);
+// The same code from r = bnb8_reciprocal(a), without dividing: bnb8_code_near (the table keeps
+// the sign); where *redo is set, the caller must take bnb8_quantize_value's.
+BNB8_HD int bnb8_quantize_value_near(const bnb8_codebook *cb, float s, float r, int *redo) {
+    return bnb8_code_near(cb, (s + 0.0f) * r, redo);
 }
-// 1 / a for a block's absmax a, or NaN when 1 / a would not be a normal float (NaN falls in the
-// table's NaN bucket, so every value of the block is marked exact).
+// 1 / a for a block's absmax a, or NaN when 1 / a would not be a normal float (so that every
+// value of the block is redone).
 BNB8_HD float bnb8_reciprocal(float a) {
     return a >= 0x1p-125f && a <= 0x1p125f ? 1.0f / a : bnb8_bits_f32(0x7fc00000u);
 }

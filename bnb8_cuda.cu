@@ -100,47 +100,62 @@ __device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, ui
     for (int j = 0; j < 4; j++) if (i + j < n) q[i + j] = (uint8_t)(w >> (8 * j));
 }
 
-// Fills a codebook in shared memory, all threads of the block together.
-__device__ void bnb8_codebook_fill(bnb8_codebook *cb, const float *code) {
+// Fills a codebook in shared memory, all threads of the block together (bnb8_codebook_init).
+__device__ void bnb8_codebook_fill(bnb8_codebook *cb, const float *code, int zero_code) {
     for (int k = threadIdx.x; k < 256; k += blockDim.x) cb->t[k] = bnb8_threshold(code, k);
     __syncthreads();
-    for (int b = threadIdx.x; b < BNB8_LOOKUP_SIZE; b += blockDim.x) cb->entry[b] = bnb8_codebook_entry(cb->t, b);
+    int search = 0;
+    for (int b = threadIdx.x; b < BNB8_LOOKUP_SIZE; b += blockDim.x) {
+        cb->entry[b] = bnb8_codebook_entry(cb->t, b, zero_code);
+        search |= cb->entry[b] == 0 && b < 2 * (BNB8_LOOKUP_HALF - 1);
+    }
+    search = __syncthreads_or(search);
+    if (threadIdx.x == 0) cb->search = search;
     __syncthreads();
 }
 
 // amax[r] of each of this thread's R rows becomes the max over its whole 8-bit block of B
-// elements: lanes, then rows of the warp's segment, then (B > 128R) warps through scratch. All
-// threads of the block call it with the same B.
+// elements. All threads of the block call it with the same B, a power of two (the divisions below
+// are shifts and masks).
 template <int R>
 __device__ void bnb8_block_max(float amax[R], int B, float *scratch) {
-    // B is a power of two, so the divisions below are shifts and masks.
-    int lanes = B / BNB8_V < 32 ? B / BNB8_V : 32;
-    #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        if (off >= lanes) break;
+    if (B < 128 * R) {                   // blocks inside the warp's segment: lanes, then rows
+        int lanes = B / BNB8_V < 32 ? B / BNB8_V : 32;
         #pragma unroll
-        for (int r = 0; r < R; r++) amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], off));
-    }
-    if (B <= 128) return;
-    int rows = B >> 7 < R ? B >> 7 : R;                // rows of one block in the warp's segment
-    float m[R];
-    #pragma unroll
-    for (int r = 0; r < R; r++) {
-        m[r] = 0.0f;
+        for (int off = 1; off < 32; off <<= 1) {
+            if (off >= lanes) break;
+            #pragma unroll
+            for (int r = 0; r < R; r++) amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], off));
+        }
+        if (B <= 128) return;
+        int rows = B >> 7;               // rows of one block in the warp's segment
+        float m[R];
         #pragma unroll
-        for (int rr = 0; rr < R; rr++) if ((rr ^ r) < rows) m[r] = fmaxf(m[r], amax[rr]);
+        for (int r = 0; r < R; r++) {
+            m[r] = 0.0f;
+            #pragma unroll
+            for (int rr = 0; rr < R; rr++) if ((rr ^ r) < rows) m[r] = fmaxf(m[r], amax[rr]);
+        }
+        #pragma unroll
+        for (int r = 0; r < R; r++) amax[r] = m[r];
+        return;
+    }
+    // The warp's whole segment lies in one block: one max over rows and lanes, then over warps.
+    float m = amax[0];
+    #pragma unroll
+    for (int r = 1; r < R; r++) m = fmaxf(m, amax[r]);
+    #pragma unroll
+    for (int off = 1; off < 32; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (B > 128 * R) {
+        int warp = threadIdx.x / 32, warps = B / (128 * R), w0 = warp & ~(warps - 1);
+        __syncthreads();                 // scratch may still be read by a former call
+        if (threadIdx.x % 32 == 0) scratch[warp] = m;
+        __syncthreads();
+        m = 0.0f;
+        for (int k = w0; k < w0 + warps; k++) m = fmaxf(m, scratch[k]);
     }
     #pragma unroll
-    for (int r = 0; r < R; r++) amax[r] = m[r];
-    if (B <= 128 * R) return;
-    int warp = threadIdx.x / 32, warps = B / (128 * R), w0 = warp & ~(warps - 1);
-    __syncthreads();                                   // scratch may still be read by a former call
-    if (threadIdx.x % 32 == 0) scratch[warp] = amax[0];
-    __syncthreads();
-    float w = 0.0f;
-    for (int k = w0; k < w0 + warps; k++) w = fmaxf(w, scratch[k]);
-    #pragma unroll
-    for (int r = 0; r < R; r++) amax[r] = w;
+    for (int r = 0; r < R; r++) amax[r] = m;
 }
 
 // Rows per chunk for a block size: 2, or 4 for blocks of 4096 (a chunk holds whole blocks).
@@ -155,7 +170,7 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
                      uint8_t *q, float *absmax, unsigned long long *nonfinite) {
     __shared__ bnb8_codebook cb;
     __shared__ float scratch[BNB8_WARPS];
-    bnb8_codebook_fill(&cb, code);
+    bnb8_codebook_fill(&cb, code, 0);
     int zero_code = bnb8_nearest_code(cb.t, 0.0f), shift = bnb8_log2(blocksize);
     bool vec = ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 3) == 0;
     unsigned bad = 0;
@@ -178,22 +193,20 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int
         for (int r = 0; r < R; r++) {
             int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
             if (i < n && (i & (blocksize - 1)) == 0) absmax[i >> shift] = amax[r];
-            // Codes without dividing; the rare values next to a threshold divide afterwards.
-            // Every value's code computed, then selected: no branch per value (see the update kernel).
+            // Codes without dividing, no branch per value; a row with a value next to a threshold,
+            // a zero block or a non-finite value (rare) is redone with the division.
             float rec = bnb8_reciprocal(amax[r]);
-            uint32_t c = 0, redo = 0;
+            uint32_t c = 0;
+            int redo = 0;
             #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                bool take = amax[r] > 0.0f && bnb8_isfinite(v[r][j]);
-                int exact = 0, code = bnb8_nearest_code_near(&cb, v[r][j] * rec, &exact);
-                c |= (uint32_t)(take ? code : zero_code) << (8 * j);
-                redo |= (uint32_t)(take && exact) << j;
-            }
+            for (int j = 0; j < 4; j++) c |= (uint32_t)bnb8_code_near(&cb, v[r][j] * rec, &redo) << (8 * j);
             if (redo) {
+                c = 0;
                 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if ((redo >> j) & 1u)
-                        c = (c & ~(255u << (8 * j))) | (uint32_t)bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) << (8 * j);
+                for (int j = 0; j < 4; j++) {
+                    bool take = amax[r] > 0.0f && bnb8_isfinite(v[r][j]);
+                    c |= (uint32_t)(take ? bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) : zero_code) << (8 * j);
+                }
             }
             bnb8_store_codes4(q, i, n, vec, c);
         }
@@ -604,24 +617,19 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             int64_t i = base + bnb8_offset<R>(r);
             // blocksize 0: the absmax is written after the last pass (this one still reads the old)
             if (PASS == BNB8_PASS_BLOCKS && (FULL || i < n) && (i & (t.blocksize - 1)) == 0) t.absmax[k][i >> shift] = amax[r];
-            // Codes without dividing; the rare values next to a threshold divide afterwards.
+            // Codes without dividing, no branch per value; a row with a value next to a threshold
+            // or a zero block (rare) is redone with the division.
             const bnb8_codebook *book = &sm.books[is_signed];
-            // Computed for every value and then selected, without a branch per value (a zero block
-            // gets rec = NaN: a valid table read whose code is not taken).
             float rec = bnb8_reciprocal(amax[r]);
-            const bool some = amax[r] > 0.0f;
-            uint32_t q = 0, redo = 0;
+            uint32_t q = 0;
+            int redo = 0;
             #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int exact = 0, code = bnb8_quantize_value_near(book, zero_code, s[r][k][j], rec, &exact);
-                q |= (uint32_t)(some ? code : zero_code) << (8 * j);
-                redo |= (uint32_t)(some && exact) << j;
-            }
+            for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_quantize_value_near(book, s[r][k][j], rec, &redo) << (8 * j);
             if (redo) {
+                q = 0;
                 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    if ((redo >> j) & 1u)
-                        q = (q & ~(255u << (8 * j))) | (uint32_t)bnb8_quantize_value(book, zero_code, s[r][k][j], amax[r]) << (8 * j);
+                    q |= (uint32_t)(amax[r] > 0.0f ? bnb8_quantize_value(book, zero_code, s[r][k][j], amax[r]) : zero_code) << (8 * j);
             }
             bnb8_store_codes4((uint8_t *)t.state[k], i, FULL ? INT64_MAX : n, vec, q);
         }
@@ -799,8 +807,8 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
     }
     __syncthreads();
     if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing
-        bnb8_codebook_fill(&sm.books[0], sm.code[0]);
-        bnb8_codebook_fill(&sm.books[1], sm.code[1]);
+        bnb8_codebook_fill(&sm.books[0], sm.code[0], bnb8_zero_code(0));
+        bnb8_codebook_fill(&sm.books[1], sm.code[1], bnb8_zero_code(1));
     }
     const int zero_unsigned = bnb8_zero_code(0), zero_signed = bnb8_zero_code(1);   // not nearest(0): bnb8.h says why
     const bool blocks = PASS == BNB8_PASS_BLOCKS;

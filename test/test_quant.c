@@ -383,24 +383,33 @@ static void map_near_bucket_edges(float code[256]) {
     }
 }
 
-// The division-free code (bnb8_nearest_code_near on x * (1/a)) equals the code of the correctly
-// rounded x / a wherever it does not ask for the division, on every map; x is drawn at random and
-// within a few ulps of every threshold times a, a over the whole float range.
+// The division-free code (bnb8_code_near on x * (1/a)) equals the code of the correctly rounded
+// x / a wherever it does not ask for the division, on every map (one whose codebook searches asks
+// always); x is drawn at random and within a few ulps of every threshold times a, a over the whole
+// float range. The optimizer's form (a codebook with a zero code, bnb8_quantize_value_near and
+// bnb8_quantize_value) against brute force with bnb8_keep_sign's rule written out, -0 included.
 static void test_nearest_code_near(void) {
     test_rng r = test_rng_new();
-    float maps[5][256];
+    float maps[7][256];
     bnb8_map_dynamic(maps[0], 1);
     bnb8_map_dynamic(maps[1], 0);
-    bnb8_map_linear(maps[2], 1);
+    bnb8_map_linear(maps[2], 1);            // a threshold at 0, in the tiny bucket
     bnb8_map_linear(maps[3], 0);
     map_near_bucket_edges(maps[4]);
-    bnb8_codebook *book = (bnb8_codebook *)xmalloc(sizeof *book);
-    int64_t checked = 0, divided = 0;
-    for (int m = 0; m < 5; m++) {
+    for (int k = 0; k < 256; k++)           // two thresholds in one bucket: the codebook searches
+        maps[5][k] = k < 128 ? -1.0f + (float)k / 128.0f : 0.5f + 1e-6f * (float)(k - 128);
+    bnb8_map_dynamic(maps[6], 1);           // a threshold at 2^-29, inside the tiny bucket: searches
+    maps[6][128] = 0x1p-28f;
+    bnb8_codebook *book = (bnb8_codebook *)xmalloc(sizeof *book), *signs = (bnb8_codebook *)xmalloc(sizeof *signs);
+    for (int m = 0; m < 7; m++) {
         float t[255];
         ref_thresholds(maps[m], t);
-        bnb8_codebook_init(book, maps[m]);
-        int zero_code = bnb8_nearest_code(book->t, 0.0f);
+        int zero_code = m == 1 || m == 3 ? 0 : 127;     // bnb8_zero_code of the map's kind
+        bnb8_codebook_init(book, maps[m], 0);
+        bnb8_codebook_init(signs, maps[m], zero_code);
+        int search = m >= 5;
+        EXPECT(book->search == search && signs->search == search, "map %d: search %d %d", m, book->search, signs->search);
+        int64_t checked = 0, divided = 0;
         for (int i = 0; i < 600000 && test_failures() < 20; i++) {
             float a = (float)pow(2.0, -140.0 + 280.0 * test_uniform(&r));     // subnormal .. 2^140
             if (i % 97 == 0) a = i % 2 ? 0x1p-125f : 0x1p125f;
@@ -412,19 +421,28 @@ static void test_nearest_code_near(void) {
                     x = nextafterf(x, k > 0 ? INFINITY : -INFINITY);
                 if (fabsf(x) > a) x = x > 0 ? a : -a;
             }
+            if (i % 1009 == 0) x = i % 2 ? -0.0f : -0x1p-149f;                 // -0, and one that underflows
             if (!isfinite(a) || a == 0.0f) continue;
             float rec = bnb8_reciprocal(a);
-            int exact = 0, got = bnb8_nearest_code_near(book, x * rec, &exact);
-            checked++;
-            if (exact) { divided++; continue; }
+            int redo = 0, got = bnb8_code_near(book, x * rec, &redo);
             int want = ref_nearest(t, x / a);
-            EXPECT(got == want, "map %d: x %.9g a %.9g: near code %d, exact %d", m, (double)x, (double)a, got, want);
-            int qv = bnb8_quantize_value_near(book, zero_code, x, rec, &exact);
-            EXPECT(!exact && qv == bnb8_quantize_value(book, zero_code, x, a), "map %d: quantize_value_near differs", m);
+            int want_signed = x < 0.0f && zero_code > 0 && want >= zero_code ? zero_code - 1 : want;
+            checked++;
+            divided += redo;
+            EXPECT(redo || got == want, "map %d: x %.9g a %.9g: near code %d, exact %d", m, (double)x, (double)a, got, want);
+            redo = 0;
+            got = bnb8_quantize_value_near(signs, x, rec, &redo);
+            EXPECT(redo || got == want_signed, "map %d: x %.9g a %.9g: quantize_value_near %d, want %d", m, (double)x,
+                   (double)a, got, want_signed);
+            got = bnb8_quantize_value(signs, zero_code, x, a);
+            EXPECT(got == want_signed, "map %d: x %.9g a %.9g: quantize_value %d, want %d", m, (double)x, (double)a,
+                   got, want_signed);
         }
+        printf("    map %d: %lld values, %.3f%% needed the division\n", m, (long long)checked,
+               100.0 * (double)divided / (double)checked);
     }
-    printf("    %lld values, %.3f%% needed the division\n", (long long)checked, 100.0 * (double)divided / (double)checked);
     free(book);
+    free(signs);
 }
 
 static void test_nearest_code(void) {
@@ -455,7 +473,7 @@ static void test_nearest_code(void) {
     for (int m = 0; m < 7; m++) {
         const float *c = maps[m];
         float t[255], lib_t[256];
-        bnb8_codebook_init(check_book, c);
+        bnb8_codebook_init(check_book, c, 0);
         ref_thresholds(c, t);
         memset(lib_t, 0xAB, sizeof lib_t);
         bnb8_thresholds(c, lib_t);
