@@ -991,7 +991,7 @@ static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float l
         for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
     }
     float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
-    int status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], stream);
+    int status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], opt->books[opt->cfg.map], stream);
     free(d);
     return status;
 }

@@ -327,7 +327,7 @@ BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
 #define BNB8_LOOKUP_EXACT ((127 - BNB8_LOOKUP_E0) << BNB8_LOOKUP_BITS)   // buckets of one exponent
 #define BNB8_LOOKUP_HALF (BNB8_LOOKUP_EXACT + 3)   // per sign: tiny, exact..., [1, inf], NaN
 #define BNB8_LOOKUP_K0 ((BNB8_LOOKUP_E0 << BNB8_LOOKUP_BITS) - 1)   // bits 16..30 of |x| at k = 0
-#define BNB8_LOOKUP_SIZE (2 * (0x3fff - BNB8_LOOKUP_K0 + 1))   // bnb8_code_near's reach (bits 16..29)
+#define BNB8_LOOKUP_SIZE ((2 * (0x3fff - BNB8_LOOKUP_K0 + 1) + 3) & ~3)   // bnb8_code_near's reach (bits 16..29)
 #define BNB8_LOOKUP_MARGIN 16u         // floats outside a bucket whose thresholds it must know
 #define BNB8_ENTRY_NONE 0x1ffffu       // the biased position of no threshold
 #define BNB8_NEAR_LIMIT 1.0078125f     // |q| below it: a bucket up to [1, inf] (1 + 2^-7 in bits 16..22)
@@ -336,6 +336,7 @@ typedef struct {
     uint32_t entry[BNB8_LOOKUP_SIZE];      // bucket 2k + sign: j << 24 | (0xffffff - pt), or 0: search
     float t[256];                          // thresholds, t[255] = +inf
     int search;                            // a bucket below BNB8_NEAR_LIMIT searches: no fast path
+    int unused[3];                         // 16-byte multiple: the GPU copies it in vectors
 } bnb8_codebook;
 
 BNB8_HD int bnb8_bucket(float x) {
@@ -715,7 +716,7 @@ typedef struct {
 // use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device.
 int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                    const float code_unsigned[256], const float code_signed[256],
-                   struct CUstream_st *stream);
+                   const bnb8_codebook books[2], struct CUstream_st *stream);
 int bnb8_cuda_take_nonfinite(void *context, int64_t *count);
 void bnb8_cuda_context_free(void *context);
 // Memory helpers for bnb8.c: is p GPU memory; allocate zeroed; free; copy (to_device: host -> GPU).

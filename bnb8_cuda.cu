@@ -100,17 +100,28 @@ __device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, ui
     for (int j = 0; j < 4; j++) if (i + j < n) q[i + j] = (uint8_t)(w >> (8 * j));
 }
 
-// Fills a codebook in shared memory, all threads of the block together (bnb8_codebook_init).
-__device__ void bnb8_codebook_fill(bnb8_codebook *cb, const float *code, int zero_code) {
-    for (int k = threadIdx.x; k < 256; k += blockDim.x) cb->t[k] = bnb8_threshold(code, k);
+// A codebook (bnb8_codebook_init) built on the device into global memory, one entry per thread,
+// so that the kernels using it copy it rather than each block building its own.
+__global__ void bnb8_codebook_kernel(const float *code, int zero_code, bnb8_codebook *cb) {
+    __shared__ float t[256];
+    t[threadIdx.x] = bnb8_threshold(code, threadIdx.x);
     __syncthreads();
+    if (blockIdx.x == 0) cb->t[threadIdx.x] = t[threadIdx.x];
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b < BNB8_LOOKUP_SIZE) cb->entry[b] = bnb8_codebook_entry(t, b, zero_code);
+}
+#define BNB8_CODEBOOK_BLOCKS ((BNB8_LOOKUP_SIZE + BNB8_THREADS - 1) / BNB8_THREADS)
+
+// Copies a codebook into shared memory, all threads of the block together, and sets its search
+// flag from its entries.
+__device__ void bnb8_codebook_load(bnb8_codebook *dst, const bnb8_codebook *src) {
+    static_assert(sizeof(bnb8_codebook) % 16 == 0, "bnb8_codebook is copied as uint4");
+    for (int w = threadIdx.x; w < (int)(sizeof(bnb8_codebook) / 16); w += blockDim.x)
+        ((uint4 *)dst)[w] = ((const uint4 *)src)[w];
     int search = 0;
-    for (int b = threadIdx.x; b < BNB8_LOOKUP_SIZE; b += blockDim.x) {
-        cb->entry[b] = bnb8_codebook_entry(cb->t, b, zero_code);
-        search |= cb->entry[b] == 0 && b < 2 * (BNB8_LOOKUP_HALF - 1);
-    }
+    for (int b = threadIdx.x; b < 2 * (BNB8_LOOKUP_HALF - 1); b += blockDim.x) search |= src->entry[b] == 0;
     search = __syncthreads_or(search);
-    if (threadIdx.x == 0) cb->search = search;
+    if (threadIdx.x == 0) dst->search = search;
     __syncthreads();
 }
 
@@ -166,26 +177,36 @@ static int bnb8_rows_for(int64_t blocksize) { return blocksize > 2 * BNB8_ROW ? 
 
 template <int R>
 __global__ void __launch_bounds__(BNB8_THREADS)
-bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const float *code, int64_t blocksize,
+bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *book, int64_t blocksize,
                      uint8_t *q, float *absmax, unsigned long long *nonfinite) {
-    __shared__ bnb8_codebook cb;
+    __shared__ __align__(16) bnb8_codebook cb;
     __shared__ float scratch[BNB8_WARPS];
-    bnb8_codebook_fill(&cb, code, 0);
+    bnb8_codebook_load(&cb, book);
     int zero_code = bnb8_nearest_code(cb.t, 0.0f), shift = bnb8_log2(blocksize);
     bool vec = ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 3) == 0;
     unsigned bad = 0;
     int64_t chunks = (n + (int64_t)R * BNB8_ROW - 1) / ((int64_t)R * BNB8_ROW);
     for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-        float v[R][4], amax[R];
+        float v[R][4], amax[R], check = 0.0f;
         #pragma unroll
         for (int r = 0; r < R; r++) bnb8_load4(x, dtype, chunk * R * BNB8_ROW + bnb8_offset<R>(r), n, vec, v[r]);
+        // The max of |v| over all values, and check = sum of v * 0: NaN exactly when some value is
+        // not finite (rare); then the max again over the finite ones, and their count.
         #pragma unroll
         for (int r = 0; r < R; r++) {
             amax[r] = 0.0f;
             #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if (bnb8_isfinite(v[r][j])) amax[r] = fmaxf(amax[r], fabsf(v[r][j]));
-                else bad++;
+            for (int j = 0; j < 4; j++) { amax[r] = fmaxf(amax[r], fabsf(v[r][j])); check = fmaf(v[r][j], 0.0f, check); }
+        }
+        if (check != 0.0f) {
+            #pragma unroll
+            for (int r = 0; r < R; r++) {
+                amax[r] = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (bnb8_isfinite(v[r][j])) amax[r] = fmaxf(amax[r], fabsf(v[r][j]));
+                    else bad++;
+                }
             }
         }
         bnb8_block_max<R>(amax, (int)blocksize, scratch);
@@ -298,14 +319,18 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
     static int per_sm[2];
     int rows = bnb8_rows_for(blocksize);
     int64_t grid, chunks = (n + (int64_t)rows * BNB8_ROW - 1) / ((int64_t)rows * BNB8_ROW);
-    if (rows == 2) {
-        if ((status = bnb8_persistent_grid(bnb8_quantize_kernel<2>, 0, &per_sm[0], chunks, &grid))) return status;
-        bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
-    } else {
-        if ((status = bnb8_persistent_grid(bnb8_quantize_kernel<4>, 0, &per_sm[1], chunks, &grid))) return status;
-        bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, code, blocksize, q, absmax, count);
-    }
-    return bnb8_cuda_status(fn, cudaGetLastError());
+    if ((status = rows == 2 ? bnb8_persistent_grid(bnb8_quantize_kernel<2>, 0, &per_sm[0], chunks, &grid)
+                            : bnb8_persistent_grid(bnb8_quantize_kernel<4>, 0, &per_sm[1], chunks, &grid)))
+        return status;
+    // The codebook in stream-ordered scratch: built once, copied by every block.
+    bnb8_codebook *book = NULL;
+    if ((status = bnb8_cuda_status(fn, cudaMallocAsync((void **)&book, sizeof *book, stream)))) return status;
+    bnb8_codebook_kernel<<<BNB8_CODEBOOK_BLOCKS, BNB8_THREADS, 0, stream>>>(code, 0, book);
+    if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
+    else bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
+    status = bnb8_cuda_status(fn, cudaGetLastError());
+    int freed = bnb8_cuda_status(fn, cudaFreeAsync(book, stream));
+    return status ? status : freed;
 }
 
 int bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
@@ -360,6 +385,7 @@ extern "C" int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_d
 enum { BNB8_PASS_BLOCKS = 0, BNB8_PASS_MAX = 1, BNB8_PASS_STORE = 2 };
 
 typedef struct {
+    bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
     float code[2][256];          // [0] unsigned, [1] signed map of the optimizer (dynamic or linear)
     int64_t total_chunks;
     int count;
@@ -807,8 +833,8 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
     }
     __syncthreads();
     if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing
-        bnb8_codebook_fill(&sm.books[0], sm.code[0], bnb8_zero_code(0));
-        bnb8_codebook_fill(&sm.books[1], sm.code[1], bnb8_zero_code(1));
+        bnb8_codebook_load(&sm.books[0], &h->books[0]);
+        bnb8_codebook_load(&sm.books[1], &h->books[1]);
     }
     const int zero_unsigned = bnb8_zero_code(0), zero_signed = bnb8_zero_code(1);   // not nearest(0): bnb8.h says why
     const bool blocks = PASS == BNB8_PASS_BLOCKS;
@@ -920,7 +946,7 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
 }
 
 // Launches the update kernel of kind KIND over its chunks with one wave of blocks (each block
-// builds its codebooks once, then walks its share of the chunks).
+// copies its codebooks once, then walks its share of the chunks).
 template <int KIND, bool FLASH, int PASS>
 static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, const bnb8_step_header *dh,
                               const bnb8_gpu_tensor *dt, cudaStream_t stream) {
@@ -971,7 +997,8 @@ __global__ void bnb8_absmax_kernel(const bnb8_gpu_tensor *tensors, int first, in
 }
 
 extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
-                              const float code_unsigned[256], const float code_signed[256], cudaStream_t stream) {
+                              const float code_unsigned[256], const float code_signed[256],
+                              const bnb8_codebook books[2], cudaStream_t stream) {
     const char *fn = "bnb8_optimizer_step";
     if (count <= 0) return BNB8_OK;
     int status = *context ? BNB8_OK : bnb8_context_create((bnb8_cuda_context **)context);
@@ -988,6 +1015,7 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     bnb8_gpu_tensor *t = (bnb8_gpu_tensor *)((char *)c->staging[slot] + header_bytes);
     memcpy(h->code[0], code_unsigned, sizeof h->code[0]);
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
+    memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
     int rows = 2, need_percentile = 0, need_trust = 0, flash = 0;
     for (int i = 0; i < count; i++) {
