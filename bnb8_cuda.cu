@@ -6,6 +6,7 @@ per-element math from bnb8.h so that results are bit-identical. Build with -fmad
 #include "bnb8.h"
 #include <cuda_runtime.h>
 #include <limits.h>
+#include <mutex>
 
 #define BNB8_THREADS 256
 
@@ -307,6 +308,34 @@ static int bnb8_persistent_grid(Kernel kernel, int smem, int *per_sm, int64_t ch
     return BNB8_OK;
 }
 
+// The library's own pool for stream-ordered scratch on the current device: it keeps its memory
+// between calls (a pool that returns it at every synchronization, as the default one does, makes
+// each allocation a mapping), and the caller's default pool is left as it is.
+static int bnb8_scratch_pool(const char *fn, cudaMemPool_t *pool) {
+    static std::mutex lock;
+    static cudaMemPool_t pools[64];
+    int device = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    if (status) return status;
+    if (device < 0 || device >= 64) return bnb8_fail(BNB8_ERR_DEVICE, "%s: device %d (at most 64)", fn, device);
+    std::lock_guard<std::mutex> guard(lock);
+    if (!pools[device]) {
+        cudaMemPoolProps props = {};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        cudaMemPool_t created;
+        if ((status = bnb8_cuda_status(fn, cudaMemPoolCreate(&created, &props)))) return status;
+        uint64_t keep = UINT64_MAX;
+        if ((status = bnb8_cuda_status(fn, cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep)))) {
+            cudaMemPoolDestroy(created);
+            return status;
+        }
+        pools[device] = created;
+    }
+    *pool = pools[device];
+    return BNB8_OK;
+}
+
 int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
                                     int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite,
                                     cudaStream_t stream) {
@@ -324,7 +353,9 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
         return status;
     // The codebook in stream-ordered scratch: built once, copied by every block.
     bnb8_codebook *book = NULL;
-    if ((status = bnb8_cuda_status(fn, cudaMallocAsync((void **)&book, sizeof *book, stream)))) return status;
+    cudaMemPool_t pool;
+    if ((status = bnb8_scratch_pool(fn, &pool))) return status;
+    if ((status = bnb8_cuda_status(fn, cudaMallocFromPoolAsync((void **)&book, sizeof *book, pool, stream)))) return status;
     bnb8_codebook_kernel<<<BNB8_CODEBOOK_BLOCKS, BNB8_THREADS, 0, stream>>>(code, 0, book);
     if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
     else bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
