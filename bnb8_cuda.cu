@@ -176,6 +176,63 @@ static int bnb8_rows_for(int64_t blocksize) { return blocksize > 2 * BNB8_ROW ? 
 // ------------------------------------------------------------------------------------------------
 // Block-wise quantization: a persistent grid over chunks.
 
+// One chunk of R rows at element base. FULL: the chunk lies inside n and the arrays allow vector
+// accesses (no bounds tests).
+template <int R, bool FULL>
+__device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, const void *x, int dtype, int64_t n,
+                                    bool vec, int64_t base, int64_t blocksize, uint8_t *q, float *absmax,
+                                    float *scratch, unsigned &bad) {
+    const int64_t end = FULL ? INT64_MAX : n;
+    float v[R][4], amax[R], check = 0.0f;
+    #pragma unroll
+    for (int r = 0; r < R; r++) bnb8_load4(x, dtype, base + bnb8_offset<R>(r), end, FULL || vec, v[r]);
+    // The max of |v| over all values, and check = sum of v * 0: NaN exactly when some value is
+    // not finite (rare); then the max again over the finite ones, and their count.
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        amax[r] = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) { amax[r] = fmaxf(amax[r], fabsf(v[r][j])); check = fmaf(v[r][j], 0.0f, check); }
+    }
+    if (check != 0.0f) {
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            amax[r] = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (bnb8_isfinite(v[r][j])) amax[r] = fmaxf(amax[r], fabsf(v[r][j]));
+                else bad++;
+            }
+        }
+    }
+    bnb8_block_max<R>(amax, (int)blocksize, scratch);
+    // A block over the warp's whole segment: one absmax for all rows, one reciprocal.
+    const bool one = blocksize >= 128 * R;
+    const float rec0 = bnb8_reciprocal(amax[0]);
+    const int shift = bnb8_log2(blocksize);
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        if ((r == 0 || !one) && (FULL || i < n) && (i & (blocksize - 1)) == 0) absmax[i >> shift] = amax[r];
+        // Codes without dividing, no branch per value; a row with a value next to a threshold,
+        // a zero block or a non-finite value (rare) is redone with the division.
+        float rec = r == 0 || one ? rec0 : bnb8_reciprocal(amax[r]);
+        uint32_t c = 0;
+        int redo = 0;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) c |= (uint32_t)bnb8_code_near(&cb, v[r][j] * rec, &redo) << (8 * j);
+        if (redo) {
+            c = 0;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                bool take = amax[r] > 0.0f && bnb8_isfinite(v[r][j]);
+                c |= (uint32_t)(take ? bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) : zero_code) << (8 * j);
+            }
+        }
+        bnb8_store_codes4(q, i, end, FULL || vec, c);
+    }
+}
+
 template <int R>
 __global__ void __launch_bounds__(BNB8_THREADS)
 bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *book, int64_t blocksize,
@@ -183,55 +240,16 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *b
     __shared__ __align__(16) bnb8_codebook cb;
     __shared__ float scratch[BNB8_WARPS];
     bnb8_codebook_load(&cb, book);
-    int zero_code = bnb8_nearest_code(cb.t, 0.0f), shift = bnb8_log2(blocksize);
+    int zero_code = bnb8_nearest_code(cb.t, 0.0f);
     bool vec = ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 3) == 0;
     unsigned bad = 0;
     int64_t chunks = (n + (int64_t)R * BNB8_ROW - 1) / ((int64_t)R * BNB8_ROW);
     for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-        float v[R][4], amax[R], check = 0.0f;
-        #pragma unroll
-        for (int r = 0; r < R; r++) bnb8_load4(x, dtype, chunk * R * BNB8_ROW + bnb8_offset<R>(r), n, vec, v[r]);
-        // The max of |v| over all values, and check = sum of v * 0: NaN exactly when some value is
-        // not finite (rare); then the max again over the finite ones, and their count.
-        #pragma unroll
-        for (int r = 0; r < R; r++) {
-            amax[r] = 0.0f;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) { amax[r] = fmaxf(amax[r], fabsf(v[r][j])); check = fmaf(v[r][j], 0.0f, check); }
-        }
-        if (check != 0.0f) {
-            #pragma unroll
-            for (int r = 0; r < R; r++) {
-                amax[r] = 0.0f;
-                #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    if (bnb8_isfinite(v[r][j])) amax[r] = fmaxf(amax[r], fabsf(v[r][j]));
-                    else bad++;
-                }
-            }
-        }
-        bnb8_block_max<R>(amax, (int)blocksize, scratch);
-        #pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
-            if (i < n && (i & (blocksize - 1)) == 0) absmax[i >> shift] = amax[r];
-            // Codes without dividing, no branch per value; a row with a value next to a threshold,
-            // a zero block or a non-finite value (rare) is redone with the division.
-            float rec = bnb8_reciprocal(amax[r]);
-            uint32_t c = 0;
-            int redo = 0;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) c |= (uint32_t)bnb8_code_near(&cb, v[r][j] * rec, &redo) << (8 * j);
-            if (redo) {
-                c = 0;
-                #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    bool take = amax[r] > 0.0f && bnb8_isfinite(v[r][j]);
-                    c |= (uint32_t)(take ? bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) : zero_code) << (8 * j);
-                }
-            }
-            bnb8_store_codes4(q, i, n, vec, c);
-        }
+        int64_t base = chunk * R * BNB8_ROW;
+        if (vec && base + R * BNB8_ROW <= n)
+            bnb8_quantize_chunk<R, true>(cb, zero_code, x, dtype, n, vec, base, blocksize, q, absmax, scratch, bad);
+        else
+            bnb8_quantize_chunk<R, false>(cb, zero_code, x, dtype, n, vec, base, blocksize, q, absmax, scratch, bad);
     }
     if (nonfinite) {
         for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
@@ -669,15 +687,20 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             bnb8_block_max<R>(amax, t.blocksize, sm.scratch);
         }
         const int is_signed = bnb8_state_signed(KIND, k), zero_code = is_signed ? zero_signed : zero_unsigned;
+        // One absmax over the warp's whole segment (a block of at least 128 R, or the tensor's):
+        // one reciprocal, and only row 0 can start a block.
+        const bool one = PASS != BNB8_PASS_BLOCKS || t.blocksize >= 128 * R;
+        const float rec0 = bnb8_reciprocal(amax[0]);
         #pragma unroll
         for (int r = 0; r < R; r++) {
             int64_t i = base + bnb8_offset<R>(r);
             // blocksize 0: the absmax is written after the last pass (this one still reads the old)
-            if (PASS == BNB8_PASS_BLOCKS && (FULL || i < n) && (i & (t.blocksize - 1)) == 0) t.absmax[k][i >> shift] = amax[r];
+            if (PASS == BNB8_PASS_BLOCKS && (r == 0 || !one) && (FULL || i < n) && (i & (t.blocksize - 1)) == 0)
+                t.absmax[k][i >> shift] = amax[r];
             // Codes without dividing, no branch per value; a row with a value next to a threshold
             // or a zero block (rare) is redone with the division.
             const bnb8_codebook *book = &sm.books[is_signed];
-            float rec = bnb8_reciprocal(amax[r]);
+            float rec = r == 0 || one ? rec0 : bnb8_reciprocal(amax[r]);
             uint32_t q = 0;
             int redo = 0;
             #pragma unroll
