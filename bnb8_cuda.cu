@@ -164,7 +164,13 @@ __device__ void bnb8_block_max(float amax[R], int B, float *scratch) {
         if (threadIdx.x % 32 == 0) scratch[warp] = m;
         __syncthreads();
         m = 0.0f;
-        for (int k = w0; k < w0 + warps; k++) m = fmaxf(m, scratch[k]);
+        if (warps == BNB8_WARPS) {       // one block over the CUDA block: all of scratch, as vectors
+            static_assert(BNB8_WARPS == 8, "two float4 reads");
+            float4 a = ((const float4 *)scratch)[0], b = ((const float4 *)scratch)[1];
+            m = fmaxf(fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)), fmaxf(fmaxf(b.x, b.y), fmaxf(b.z, b.w)));
+        } else {
+            for (int k = w0; k < w0 + warps; k++) m = fmaxf(m, scratch[k]);
+        }
     }
     #pragma unroll
     for (int r = 0; r < R; r++) amax[r] = m;
@@ -238,7 +244,7 @@ __global__ void __launch_bounds__(BNB8_THREADS)
 bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *book, int64_t blocksize,
                      uint8_t *q, float *absmax, unsigned long long *nonfinite) {
     __shared__ __align__(16) bnb8_codebook cb;
-    __shared__ float scratch[BNB8_WARPS];
+    __shared__ __align__(16) float scratch[BNB8_WARPS];
     bnb8_codebook_load(&cb, book);
     int zero_code = bnb8_nearest_code(cb.t, 0.0f);
     bool vec = ((uintptr_t)x & 15) == 0 && ((uintptr_t)q & 3) == 0;
@@ -579,7 +585,7 @@ __global__ void bnb8_percentile_kernel(const bnb8_step_header *h, const bnb8_gpu
 struct bnb8_update_smem {
     bnb8_codebook books[2];
     float code[2][256];
-    float scratch[BNB8_WARPS];
+    alignas(16) float scratch[BNB8_WARPS];   // bnb8_block_max reads it as float4
     bnb8_gpu_tensor t;           // the tensor of the current chunks, gnorm_scale made final
     float trust;                 // its LAMB / LARS trust ratio (1 when off)
     int shift;                   // log2 of its block size (bnb8_absmax_shift)
@@ -602,9 +608,10 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n;
     const bool vec = FULL || sm.vec;
-    const int nstates = t.args.nstates, shift = sm.shift;
-    const int eight_bit = PASS != BNB8_PASS_BLOCKS ? 1 : t.eight_bit;   // the passes see 8-bit tensors only
     constexpr int S = bnb8_max_states(KIND);     // states of the kind; SGD and LARS may have none
+    const int nstates = KIND == BNB8_SGD || KIND == BNB8_LARS ? t.args.nstates : S, shift = sm.shift;
+    // the passes see 8-bit tensors only
+    const int eight_bit = PASS != BNB8_PASS_BLOCKS ? 1 : t.eight_bit;
     bnb8_step_args args = t.args;
     args.kind = KIND;
     float p[R][4], g[R][4], s[R][3][4] = {}, scale[S][R];
