@@ -240,7 +240,7 @@ int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const
         float r = bnb8_reciprocal(amax);
         for (int64_t i = start; i < end; i++) {
             float v = bnb8_load(x, dtype, i);
-            int c = zero_code, redo = 0;
+            int c = zero_code, redo = cb->search;
             if (amax > 0.0f && bnb8_isfinite(v)) c = bnb8_code_near(cb, v * r, &redo);
             q[i] = (uint8_t)(redo ? bnb8_nearest_code_fast(cb, v / amax) : c);
         }
@@ -774,7 +774,7 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
     a.momentum = c->momentum;
     a.one_minus_dampening = (float)(1.0 - c->dampening);
     a.max_unorm = c->max_unorm;
-    int decoupled = kind == BNB8_ADAMW || kind == BNB8_LION || kind == BNB8_LAMB || kind == BNB8_ADEMAMIX;
+    int decoupled = bnb8_decoupled_decay(kind);
     a.decay = decoupled ? (float)(1.0 - lr_t * c->weight_decay) : 1.0f;
     a.l2 = decoupled ? 0.0f : c->weight_decay;
     int adam = kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB;
@@ -893,7 +893,7 @@ static void bnb8_requantize(const bnb8_optimizer *opt, const bnb8_tensor *t, int
     const bnb8_codebook *book = &opt->books[t->cfg.map][is_signed];
     float r = bnb8_reciprocal(amax);
     for (int64_t i = 0; i < count; i++) {
-        int c = zero_code, redo = 0;
+        int c = zero_code, redo = book->search;
         if (amax > 0.0f) c = bnb8_quantize_value_near(book, v[i], r, &redo);
         codes[i] = (uint8_t)(redo ? bnb8_quantize_value(book, zero_code, v[i], amax) : c);
     }

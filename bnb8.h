@@ -417,8 +417,8 @@ BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
 // leaves it otherwise. q is within 3 ulps of the correctly rounded x / a (two roundings of relative
 // error 2^-24 each, r normal), so they have the same code unless q lies within 8 floats of the
 // threshold its bucket knows (the table knows those up to BNB8_LOOKUP_MARGIN floats past its edges).
-// Also redone: |q| not below BNB8_NEAR_LIMIT (NaN: a zero or huge a, a non-finite x), a codebook
-// that searches. No branch: the bucket's byte offset 8k + 4 sign comes from bits 16..29 of q (a
+// Also redone: |q| not below BNB8_NEAR_LIMIT (NaN: a zero or huge a, a non-finite x); a codebook
+// that searches redoes everything: the caller starts *redo at cb->search. No branch: the bucket's byte offset 8k + 4 sign comes from bits 16..29 of q (a
 // larger q reads past the buckets, inside the table, and is redone).
 BNB8_HD int bnb8_code_near(const bnb8_codebook *cb, float q, int *redo) {
     uint32_t u = bnb8_f32_bits(q), sign = (uint32_t)((int32_t)u >> 31);
@@ -427,7 +427,7 @@ BNB8_HD int bnb8_code_near(const bnb8_codebook *cb, float q, int *redo) {
     // + the biased position + 9: the top byte is j, + 1 above the threshold; the low 24 bits are
     // at most 16 exactly within 8 floats of it.
     uint32_t t = e + ((u ^ sign) & 0xffffu) + BNB8_LOOKUP_MARGIN + 9u;
-    *redo |= !(fabsf(q) < BNB8_NEAR_LIMIT) | ((t & 0xffffffu) <= 16u) | cb->search;
+    *redo = *redo || !(fabsf(q) < BNB8_NEAR_LIMIT) || (t & 0xffffffu) <= 16u;
     return (int)(t >> 24);
 }
 
@@ -489,6 +489,10 @@ BNB8_HD int bnb8_state_count(int kind, float momentum) {
     case BNB8_SGD: case BNB8_LARS: return momentum != 0.0f ? 1 : 0;
     default: return 1;           // Lion, RMSprop, Adagrad
     }
+}
+// AdamW, Lion, LAMB and AdEMAMix decay the weight (p *= 1 - lr wd); the others add wd p to g.
+BNB8_HD int bnb8_decoupled_decay(int kind) {
+    return kind == BNB8_ADAMW || kind == BNB8_LION || kind == BNB8_LAMB || kind == BNB8_ADEMAMIX;
 }
 BNB8_HD int bnb8_state_signed(int kind, int state) {
     if (kind == BNB8_RMSPROP || kind == BNB8_ADAGRAD) return 0;

@@ -224,7 +224,7 @@ __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, cons
         // a zero block or a non-finite value (rare) is redone with the division.
         float rec = r == 0 || one ? rec0 : bnb8_reciprocal(amax[r]);
         uint32_t c = 0;
-        int redo = 0;
+        int redo = cb.search;
         #pragma unroll
         for (int j = 0; j < 4; j++) c |= (uint32_t)bnb8_code_near(&cb, v[r][j] * rec, &redo) << (8 * j);
         if (redo) {
@@ -598,6 +598,16 @@ __host__ __device__ constexpr int bnb8_max_states(int kind) {
     return kind == BNB8_ADEMAMIX ? 3 : kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB ? 2 : 1;
 }
 
+// The tensor's step arguments with what its kind fixes made constants: the kind, its number of
+// states (only SGD and LARS may have none), no L2 term with decoupled weight decay.
+template <int KIND> __device__ bnb8_step_args bnb8_args_of(const bnb8_gpu_tensor &t) {
+    bnb8_step_args a = t.args;
+    a.kind = KIND;
+    if (KIND != BNB8_SGD && KIND != BNB8_LARS) a.nstates = bnb8_max_states(KIND);
+    if (bnb8_decoupled_decay(KIND)) a.l2 = 0.0f;
+    return a;
+}
+
 // One chunk of R rows at element base of the tensor in sm.t. FULL: the whole chunk lies inside
 // the tensor and its arrays allow vector accesses (every chunk but a tensor's last, normally).
 // PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
@@ -609,11 +619,10 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
     const int64_t n = t.n;
     const bool vec = FULL || sm.vec;
     constexpr int S = bnb8_max_states(KIND);     // states of the kind; SGD and LARS may have none
-    const int nstates = KIND == BNB8_SGD || KIND == BNB8_LARS ? t.args.nstates : S, shift = sm.shift;
+    const bnb8_step_args args = bnb8_args_of<KIND>(t);
+    const int nstates = args.nstates, shift = sm.shift;
     // the passes see 8-bit tensors only
     const int eight_bit = PASS != BNB8_PASS_BLOCKS ? 1 : t.eight_bit;
-    bnb8_step_args args = t.args;
-    args.kind = KIND;
     float p[R][4], g[R][4], s[R][3][4] = {}, scale[S][R];
     uint32_t c[S][R];
     // Every load first.
@@ -709,7 +718,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             const bnb8_codebook *book = &sm.books[is_signed];
             float rec = r == 0 || one ? rec0 : bnb8_reciprocal(amax[r]);
             uint32_t q = 0;
-            int redo = 0;
+            int redo = book->search;
             #pragma unroll
             for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_quantize_value_near(book, s[r][k][j], rec, &redo) << (8 * j);
             if (redo) {
@@ -757,12 +766,11 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
     const bool vec = FULL || sm.vec;
-    const int nstates = t.args.nstates, cb = DEF ? 1 : t.correction_bytes, flash = DEF || t.format == BNB8_STATE_FLASH;
+    const bnb8_step_args args = bnb8_args_of<KIND>(t);
+    const int nstates = args.nstates, cb = DEF ? 1 : t.correction_bytes, flash = DEF || t.format == BNB8_STATE_FLASH;
     const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype, sdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.scale_dtype;
     const int gdt = DEF ? BNB8_BF16 : t.grad_dtype;
     constexpr int S = bnb8_max_states(KIND);
-    bnb8_step_args args = t.args;
-    args.kind = KIND;
     float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
     uint32_t bits[R][2] = {}, corr[R][2] = {}, codes[S][R];
     // Every load first.
