@@ -598,6 +598,18 @@ __host__ __device__ constexpr int bnb8_max_states(int kind) {
     return kind == BNB8_ADEMAMIX ? 3 : kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB ? 2 : 1;
 }
 
+// The codes of 4 state values under absmax a with the division (bnb8_quantize_value), packed:
+// the rare rows the division-free codes cannot decide. Out of line, so that the hot loop stays
+// small in the instruction cache.
+__device__ __noinline__ uint32_t bnb8_requantize4(const bnb8_codebook *book, int zero_code, float a,
+                                                  float s0, float s1, float s2, float s3) {
+    const float v[4] = {s0, s1, s2, s3};
+    uint32_t q = 0;
+    #pragma unroll
+    for (int j = 0; j < 4; j++) q |= (uint32_t)(a > 0.0f ? bnb8_quantize_value(book, zero_code, v[j], a) : zero_code) << (8 * j);
+    return q;
+}
+
 // The tensor's step arguments with what its kind fixes made constants: the kind, its number of
 // states (only SGD and LARS may have none), no L2 term with decoupled weight decay.
 template <int KIND> __device__ bnb8_step_args bnb8_args_of(const bnb8_gpu_tensor &t) {
@@ -721,12 +733,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             int redo = book->search;
             #pragma unroll
             for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_quantize_value_near(book, s[r][k][j], rec, &redo) << (8 * j);
-            if (redo) {
-                q = 0;
-                #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    q |= (uint32_t)(amax[r] > 0.0f ? bnb8_quantize_value(book, zero_code, s[r][k][j], amax[r]) : zero_code) << (8 * j);
-            }
+            if (redo) q = bnb8_requantize4(book, zero_code, amax[r], s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
             bnb8_store_codes4((uint8_t *)t.state[k], i, FULL ? INT64_MAX : n, vec, q);
         }
     }
