@@ -418,8 +418,9 @@ BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
 // error 2^-24 each, r normal), so they have the same code unless q lies within 8 floats of the
 // threshold its bucket knows (the table knows those up to BNB8_LOOKUP_MARGIN floats past its edges).
 // Also redone: |q| not below BNB8_NEAR_LIMIT (NaN: a zero or huge a, a non-finite x); a codebook
-// that searches redoes everything: the caller starts *redo at cb->search. No branch: the bucket's byte offset 8k + 4 sign comes from bits 16..29 of q (a
-// larger q reads past the buckets, inside the table, and is redone).
+// that searches redoes everything: the caller starts *redo at cb->search. No branch: the bucket's
+// byte offset 8k + 4 sign comes from bits 16..29 of q (a larger q reads past the buckets, inside
+// the table, and is redone).
 BNB8_HD int bnb8_code_near(const bnb8_codebook *cb, float q, int *redo) {
     uint32_t u = bnb8_f32_bits(q), sign = (uint32_t)((int32_t)u >> 31);
     int32_t k8 = (int32_t)((u >> 13) & 0x1fff8u) - 8 * BNB8_LOOKUP_K0;
