@@ -239,10 +239,10 @@ int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const
         absmax[b] = amax;
         float r = bnb8_reciprocal(amax);
         for (int64_t i = start; i < end; i++) {
+            // A zero block (r is NaN) and a non-finite v are redone too.
             float v = bnb8_load(x, dtype, i);
-            int c = zero_code, redo = cb->search;
-            if (amax > 0.0f && bnb8_isfinite(v)) c = bnb8_code_near(cb, v * r, &redo);
-            q[i] = (uint8_t)(redo ? bnb8_nearest_code_fast(cb, v / amax) : c);
+            int redo = cb->search, c = bnb8_code_near(cb, v * r, &redo);
+            q[i] = (uint8_t)(redo ? bnb8_quantize_code(cb, zero_code, v, amax) : c);
         }
     }
     free(cb);
@@ -893,8 +893,7 @@ static void bnb8_requantize(const bnb8_optimizer *opt, const bnb8_tensor *t, int
     const bnb8_codebook *book = &opt->books[t->cfg.map][is_signed];
     float r = bnb8_reciprocal(amax);
     for (int64_t i = 0; i < count; i++) {
-        int c = zero_code, redo = book->search;
-        if (amax > 0.0f) c = bnb8_quantize_value_near(book, v[i], r, &redo);
+        int redo = book->search, c = bnb8_quantize_value_near(book, v[i], r, &redo);   // a zero block: redone
         codes[i] = (uint8_t)(redo ? bnb8_quantize_value(book, zero_code, v[i], amax) : c);
     }
 }

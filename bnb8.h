@@ -413,7 +413,7 @@ BNB8_HD int bnb8_nearest_code_fast(const bnb8_codebook *cb, float x) {
 }
 
 // The code of x / a from q = x * r, r = bnb8_reciprocal(a), |x| <= a, without the division; sets
-// *redo where the caller must divide (bnb8_nearest_code_fast of x / a, bnb8_quantize_value), and
+// *redo where the caller must divide (bnb8_quantize_code, bnb8_quantize_value), and
 // leaves it otherwise. q is within 3 ulps of the correctly rounded x / a (two roundings of relative
 // error 2^-24 each, r normal), so they have the same code unless q lies within 8 floats of the
 // threshold its bucket knows (the table knows those up to BNB8_LOOKUP_MARGIN floats past its edges).
@@ -444,10 +444,16 @@ BNB8_HD int bnb8_keep_sign(int q, int zero_code, float s) {
     return q >= zero_code && zero_code > 0 && s < 0.0f ? zero_code - 1 : q;
 }
 // With the optimizer's codebook (built with zero_code): s + 0 turns -0 into +0, which is not
-// negative, so that the table's cap (for a negative q) agrees with bnb8_keep_sign.
+// negative, so that the table's cap (for a negative q) agrees with bnb8_keep_sign. A zero block
+// (a = 0) gets the zero code.
 BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s, float a) {
     s = s + 0.0f;
-    return bnb8_keep_sign(bnb8_nearest_code_fast(cb, s / a), zero_code, s);
+    return a > 0.0f ? bnb8_keep_sign(bnb8_nearest_code_fast(cb, s / a), zero_code, s) : zero_code;
+}
+// Block-wise quantization's code of x (SPEC §4) with the division: the zero code for a zero block
+// and for a non-finite x. What the callers of bnb8_code_near take where *redo is set.
+BNB8_HD int bnb8_quantize_code(const bnb8_codebook *cb, int zero_code, float x, float a) {
+    return a > 0.0f && bnb8_isfinite(x) ? bnb8_nearest_code_fast(cb, x / a) : zero_code;
 }
 
 // The same code from r = bnb8_reciprocal(a), without dividing: bnb8_code_near (the table keeps

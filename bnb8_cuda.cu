@@ -230,10 +230,7 @@ __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, cons
         if (redo) {
             c = 0;
             #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                bool take = amax[r] > 0.0f && bnb8_isfinite(v[r][j]);
-                c |= (uint32_t)(take ? bnb8_nearest_code_fast(&cb, v[r][j] / amax[r]) : zero_code) << (8 * j);
-            }
+            for (int j = 0; j < 4; j++) c |= (uint32_t)bnb8_quantize_code(&cb, zero_code, v[r][j], amax[r]) << (8 * j);
         }
         bnb8_store_codes4(q, i, end, FULL || vec, c);
     }
@@ -606,7 +603,7 @@ __device__ __noinline__ uint32_t bnb8_requantize4(const bnb8_codebook *book, int
     const float v[4] = {s0, s1, s2, s3};
     uint32_t q = 0;
     #pragma unroll
-    for (int j = 0; j < 4; j++) q |= (uint32_t)(a > 0.0f ? bnb8_quantize_value(book, zero_code, v[j], a) : zero_code) << (8 * j);
+    for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_quantize_value(book, zero_code, v[j], a) << (8 * j);
     return q;
 }
 

@@ -746,9 +746,12 @@ static void test_quantize_exact(void) {
 
 static void test_edge_cases(void) {
     test_rng r = test_rng_new();
-    float code[2][256];
+    float code[3][256];
     bnb8_map_dynamic(code[0], 0);
     bnb8_map_dynamic(code[1], 1);
+    // Signed, with two thresholds in one lookup bucket: its codebook searches, so every value
+    // takes the exact path (0 is code 127 too).
+    for (int k = 0; k < 256; k++) code[2][k] = k < 128 ? -1.0f + (float)k / 127.0f : 0.5f + 1e-6f * (float)(k - 128);
 
     // n = 0: status 0, nothing written (the counter reports 0 met); NULL arrays are fine too.
     {
@@ -775,8 +778,8 @@ static void test_edge_cases(void) {
     for (int di = 0; di < 3; di++) {
         bnb8_dtype d = all_dtypes[di];
         void *x = xmalloc((size_t)n * 4), *out = xmalloc((size_t)n * 4);
-        for (int is_signed = 0; is_signed <= 1; is_signed++) {
-            int zero_code = is_signed ? 127 : 0;
+        for (int m = 0; m <= 2; m++) {
+            int is_signed = m != 0, zero_code = is_signed ? 127 : 0;
             for (int64_t i = 0; i < n; i++) {
                 int64_t b = i / bs;
                 float v = (b == 0 || b == 2 || b == 4) ? ((i & 1) ? -0.0f : 0.0f) : (float)test_randn(&r);
@@ -787,8 +790,8 @@ static void test_edge_cases(void) {
             poison_bytes(q, sizeof q);
             poison_floats(absmax, 5);
             memset(out, 0xff, (size_t)n * 4);
-            int s1 = bnb8_quantize_blockwise(x, d, n, code[is_signed], bs, q, absmax);
-            int s2 = bnb8_dequantize_blockwise(q, absmax, n, code[is_signed], bs, out, d);
+            int s1 = bnb8_quantize_blockwise(x, d, n, code[m], bs, q, absmax);
+            int s2 = bnb8_dequantize_blockwise(q, absmax, n, code[m], bs, out, d);
             EXPECT(s1 == 0 && s2 == 0, "zero blocks %s: status %d, %d", dtype_name(d), s1, s2);
             for (int b = 0; b <= 4; b += 2) {
                 EXPECT(absmax[b] == 0.0f, "zero block %d %s: absmax %.9g", b, dtype_name(d), (double)absmax[b]);
@@ -805,10 +808,10 @@ static void test_edge_cases(void) {
     }
 
     // NaN and +-Inf: left out of absmax, given the zero code, counted exactly. Random positions and
-    // counts (block starts and ends included), every dtype, both maps; block 1 entirely non-finite.
+    // counts (block starts and ends included), every dtype, every map; block 1 entirely non-finite.
     for (int trial = 0; trial < 60; trial++) {
         bnb8_dtype d = all_dtypes[trial % 3];
-        int is_signed = (trial / 3) % 2, zero_code = is_signed ? 127 : 0;
+        int m = (trial / 3) % 3, is_signed = m != 0, zero_code = is_signed ? 127 : 0;
         float *v = (float *)xmalloc((size_t)n * sizeof(float));
         void *x = xmalloc((size_t)n * 4), *out = xmalloc((size_t)n * 4);
         for (int64_t i = 0; i < n; i++) { float g = (float)test_randn(&r); v[i] = is_signed ? g : fabsf(g); }
@@ -829,12 +832,12 @@ static void test_edge_cases(void) {
         int64_t nonfinite = -7;
         poison_bytes(q, sizeof q);
         poison_floats(absmax, 5);
-        int status = bnb8_quantize_blockwise_ex(x, d, n, code[is_signed], bs, q, absmax, &nonfinite);
+        int status = bnb8_quantize_blockwise_ex(x, d, n, code[m], bs, q, absmax, &nonfinite);
         EXPECT(status == 0, "non-finite trial %d: status %d", trial, status);
         EXPECT(nonfinite == expected_bad, "non-finite trial %d (%s): counted %lld, expected %lld", trial,
                dtype_name(d), (long long)nonfinite, (long long)expected_bad);
         float t[255];
-        ref_thresholds(code[is_signed], t);
+        ref_thresholds(code[m], t);
         for (int b = 0; b < 5; b++) {
             float amax = 0.0f;
             for (int64_t i = b * bs; i < n && i < (b + 1) * bs; i++) {
@@ -852,7 +855,7 @@ static void test_edge_cases(void) {
             }
         }
         memset(out, 0xff, (size_t)n * 4);
-        status = bnb8_dequantize_blockwise(q, absmax, n, code[is_signed], bs, out, d);
+        status = bnb8_dequantize_blockwise(q, absmax, n, code[m], bs, out, d);
         EXPECT(status == 0, "non-finite trial %d: dequantize status %d", trial, status);
         for (int64_t i = 0; i < n; i++)
             if (!isfinite(v[i]))
