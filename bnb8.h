@@ -388,12 +388,16 @@ BNB8_HD uint32_t bnb8_codebook_entry(const float t[256], int b, int zero_code) {
     return j << 24 | (0xffffffu - pt);
 }
 // zero_code > 0: the codes of negative values stay below it (an optimizer's signed map); else 0.
+// Whether entry b sends bnb8_code_near's values to the binary search: 0 in a bucket it can reach
+// (the first BNB8_NEAR_ENTRIES, up to [1, inf]).
+#define BNB8_NEAR_ENTRIES (2 * (BNB8_LOOKUP_HALF - 1))
+BNB8_HD int bnb8_entry_searches(uint32_t entry, int b) { return entry == 0 && b < BNB8_NEAR_ENTRIES; }
 BNB8_HD void bnb8_codebook_init(bnb8_codebook *cb, const float code[256], int zero_code) {
     bnb8_thresholds(code, cb->t);
     cb->search = 0;
     for (int b = 0; b < BNB8_LOOKUP_SIZE; b++) {
         cb->entry[b] = bnb8_codebook_entry(cb->t, b, zero_code);
-        cb->search |= cb->entry[b] == 0 && b < 2 * (BNB8_LOOKUP_HALF - 1);
+        cb->search |= bnb8_entry_searches(cb->entry[b], b);
     }
 }
 
@@ -427,7 +431,7 @@ BNB8_HD int bnb8_code_near(const bnb8_codebook *cb, float q, int *redo) {
     uint32_t e = *(const uint32_t *)((const char *)cb->entry + ((uint32_t)(k8 > 0 ? k8 : 0) | (sign & 4u)));
     // + the biased position + 9: the top byte is j, + 1 above the threshold; the low 24 bits are
     // at most 16 exactly within 8 floats of it.
-    uint32_t t = e + ((u ^ sign) & 0xffffu) + BNB8_LOOKUP_MARGIN + 9u;
+    uint32_t t = e + bnb8_low_bits(q) + BNB8_LOOKUP_MARGIN + 9u;
     *redo = *redo || !(fabsf(q) < BNB8_NEAR_LIMIT) || (t & 0xffffffu) <= 16u;
     return (int)(t >> 24);
 }

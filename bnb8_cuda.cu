@@ -120,7 +120,7 @@ __device__ void bnb8_codebook_load(bnb8_codebook *dst, const bnb8_codebook *src)
     for (int w = threadIdx.x; w < (int)(sizeof(bnb8_codebook) / 16); w += blockDim.x)
         ((uint4 *)dst)[w] = ((const uint4 *)src)[w];
     int search = 0;
-    for (int b = threadIdx.x; b < 2 * (BNB8_LOOKUP_HALF - 1); b += blockDim.x) search |= src->entry[b] == 0;
+    for (int b = threadIdx.x; b < BNB8_NEAR_ENTRIES; b += blockDim.x) search |= bnb8_entry_searches(src->entry[b], b);
     search = __syncthreads_or(search);
     if (threadIdx.x == 0) dst->search = search;
     __syncthreads();
