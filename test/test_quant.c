@@ -383,6 +383,11 @@ static void map_near_bucket_edges(float code[256]) {
     }
 }
 
+// A signed map (0 is code 127) with many thresholds in one lookup bucket: its codebook searches.
+static void map_searching(float code[256]) {
+    for (int k = 0; k < 256; k++) code[k] = k < 128 ? -1.0f + (float)k / 127.0f : 0.5f + 1e-6f * (float)(k - 128);
+}
+
 // The division-free code (bnb8_code_near on x * (1/a)) equals the code of the correctly rounded
 // x / a wherever it does not ask for the division, on every map (one whose codebook searches asks
 // always); x is drawn at random and within a few ulps of every threshold times a, a over the whole
@@ -396,8 +401,7 @@ static void test_nearest_code_near(void) {
     bnb8_map_linear(maps[2], 1);            // a threshold at 0, in the tiny bucket
     bnb8_map_linear(maps[3], 0);
     map_near_bucket_edges(maps[4]);
-    for (int k = 0; k < 256; k++)           // two thresholds in one bucket: the codebook searches
-        maps[5][k] = k < 128 ? -1.0f + (float)k / 128.0f : 0.5f + 1e-6f * (float)(k - 128);
+    map_searching(maps[5]);
     bnb8_map_dynamic(maps[6], 1);           // a threshold at 2^-29, inside the tiny bucket: searches
     maps[6][128] = 0x1p-28f;
     bnb8_codebook *book = (bnb8_codebook *)xmalloc(sizeof *book), *signs = (bnb8_codebook *)xmalloc(sizeof *signs);
@@ -749,9 +753,7 @@ static void test_edge_cases(void) {
     float code[3][256];
     bnb8_map_dynamic(code[0], 0);
     bnb8_map_dynamic(code[1], 1);
-    // Signed, with two thresholds in one lookup bucket: its codebook searches, so every value
-    // takes the exact path (0 is code 127 too).
-    for (int k = 0; k < 256; k++) code[2][k] = k < 128 ? -1.0f + (float)k / 127.0f : 0.5f + 1e-6f * (float)(k - 128);
+    map_searching(code[2]);                 // every value takes the exact path
 
     // n = 0: status 0, nothing written (the counter reports 0 met); NULL arrays are fine too.
     {
