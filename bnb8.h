@@ -660,6 +660,8 @@ BNB8_HD float bnb8_compand_magnitude(float x, int is_signed) {
 // bf16/fp16 may round up to +inf), a value that bnb8_store(scales, dtype, g, scale) keeps exactly.
 BNB8_HD float bnb8_scale_round_up(float amax, bnb8_dtype dtype) {
     if (dtype == BNB8_F32) return amax;
+    // bf16 (amax >= 0): the truncation, plus one unit where bits were cut (the carry may reach inf)
+    if (dtype == BNB8_BF16) return bnb8_bits_f32((bnb8_f32_bits(amax) + 0xffffu) & 0xffff0000u);
     uint16_t b = bnb8_f32_to_narrow(amax, dtype);
     if (bnb8_narrow_to_f32(b, dtype) < amax) b++;      // the next value up (0x7f7f -> inf for bf16)
     return bnb8_narrow_to_f32(b, dtype);
@@ -702,6 +704,83 @@ BNB8_HD float bnb8_expand_from_unit(float unit, float scale, int is_signed) {
 BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
     if (code == 0) return 0.0f;
     return bnb8_expand_from_unit(bnb8_expand_unit(code, is_signed), scale, is_signed);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fast forms of the flash math for the GPU's default configuration (bf16 weights, int8
+// corrections): each gives the exact function's result, or clears *ok where it cannot vouch for
+// it (then the caller uses the exact function). Shared, so that the CPU tests hold them to the
+// exact ones. The reciprocal and the reciprocal square root may be the GPU's approximations,
+// within 1 and 2 ulp of the correctly rounded value (CUDA's documented bounds; test_gpu measures
+// them on the device). A code is kept only when its w is at least BNB8_NEAR_CODE away from a
+// tie: over 2.5x what the approximations and both sides' roundings can move it (2^-13.4 for
+// 127 y, 2^-12.4 for 255 z).
+#define BNB8_NEAR_CODE 0x1p-11f
+
+#ifndef BNB8_APPROX_TEST
+#ifdef __CUDA_ARCH__
+BNB8_HD float bnb8_rcp_approx(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+BNB8_HD float bnb8_rsqrt_approx(float x) { float r; asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+#else
+BNB8_HD float bnb8_rcp_approx(float x) { return 1.0f / x; }
+BNB8_HD float bnb8_rsqrt_approx(float x) { return 1.0f / sqrtf(x); }
+#endif
+#else   // the test defines them, with the worst errors allowed
+float bnb8_rcp_approx(float x);
+float bnb8_rsqrt_approx(float x);
+#endif
+
+// The int8 correction table entry of code q: its unit, and -0 for q = 0 (x + -0 is x, even -0).
+BNB8_HD float bnb8_ecc8_entry(int32_t q) { return q ? bnb8_ecc_unit(q, 127) : -0.0f; }
+
+// bnb8_ecc_value(bits, BF16, q, 127) from entry = bnb8_ecc8_entry(q): 2^L from the exponent
+// field e alone, valid for e >= 9 (else only q = 0 is vouched for).
+BNB8_HD float bnb8_ecc8_value_fast(uint32_t bits, float entry, int *ok) {
+    uint32_t e = (bits << 16) & 0x7f800000u;
+    *ok &= e >= (9u << 23) || entry == 0.0f;
+    e = e > (9u << 23) ? e : (9u << 23);                    // keeps 2^L positive when q = 0
+    return bnb8_bf16_to_f32((uint16_t)bits) + entry * bnb8_bits_f32(e - (8u << 23));
+}
+
+// bnb8_ecc_code(x, bits, BF16, 127) when bits = RNE(x): (x - n) 2^-L 127 is one exact scaling
+// and rounding, |t| <= 1 without the clamp, for exponent fields 14..254.
+BNB8_HD int32_t bnb8_ecc8_code_fast(float x, uint32_t bits, int *ok) {
+    uint32_t e = (bits << 16) & 0x7f800000u;
+    *ok &= e - (14u << 23) <= ((254u - 14u) << 23);
+    float c = bnb8_bits_f32(0x867e0000u - e);               // 127 * 2^(135 - e): 127 2^-L
+    return (int32_t)roundf((x - bnb8_bf16_to_f32((uint16_t)bits)) * c);
+}
+
+// The reciprocal of a group scale for the fast codes: 0 for scale 0 (an all-zero group: codes 0,
+// as the exact ones); NaN (no code vouched for) for other scales outside [2^-120, 2^120], where
+// the approximation and the products could leave the normal range.
+BNB8_HD float bnb8_compand_rcp(float scale) {
+    float r = bnb8_rcp_approx(scale);
+    int normal = scale >= 0x1p-120f && scale <= 0x1p120f;
+    return normal ? r : scale == 0.0f ? 0.0f : bnb8_bits_f32(0x7fc00000u);
+}
+
+// w nearest to an integer k, as k's low byte; *ok cleared when w is within BNB8_NEAR_CODE of a
+// tie or outside [-lo - 0.5, hi + 0.5). 1.5 * 2^23 makes the float add round w to an integer.
+BNB8_HD uint32_t bnb8_code_round(float w, float hi, int *ok) {
+    float m = w + 0x1.8p23f, k = m - 0x1.8p23f, d = w - k;
+    *ok &= fabsf(d) < 0.5f - BNB8_NEAR_CODE && fabsf(w) < hi + 0.5f;
+    return bnb8_f32_bits(m) & 0xffu;
+}
+
+// bnb8_compand_value(x, scale, 1) from r = bnb8_compand_rcp(scale): 127 y = 254 z / (1 + |z|).
+BNB8_HD uint32_t bnb8_compand_signed_fast(float x, float r, int *ok) {
+    float z = x * r;
+    return bnb8_code_round((254.0f * z) * bnb8_rcp_approx(1.0f + fabsf(z)), 127.0f, ok);
+}
+
+// bnb8_compand_value(v, scale, 0) from r255 = 255 * bnb8_compand_rcp(scale): 255 sqrt(v) /
+// scale; code 0 for v not > 0. Vouched for v >= 2^-126 (else the approximation may flush).
+BNB8_HD uint32_t bnb8_compand_unsigned_fast(float v, float r255, int *ok) {
+    int positive = v > 0.0f, good = v >= 0x1p-126f;
+    uint32_t c = bnb8_code_round((v * bnb8_rsqrt_approx(v)) * r255, 255.0f, &good);
+    *ok &= !positive || good;
+    return positive ? c : 0u;
 }
 
 // ------------------------------------------------------------------------------------------------

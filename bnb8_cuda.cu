@@ -5,6 +5,7 @@ per-element math from bnb8.h so that results are bit-identical. Build with -fmad
 */
 #include "bnb8.h"
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
 #include <limits.h>
 #include <mutex>
 
@@ -740,7 +741,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
 // any: the tables that make a code's value one shared-memory read (bit-identical to computing it).
 struct bnb8_flash_smem {
     float unit[2][256];          // bnb8_expand_unit of each code: [0] unsigned, [1] signed
-    float ecc8[256];             // bnb8_ecc_unit of each int8 correction byte
+    float ecc8[256];             // bnb8_ecc8_entry of each int8 correction byte
 };
 
 // Raw 16-bit weights i..i+3 (zero past n), packed two per word.
@@ -886,6 +887,149 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
     }
 }
 
+// bnb8_flash_chunk in the default configuration on a full chunk, out of line: what the warp runs
+// when the fast forms below do not vouch for one of its weights. Returns the non-finite count.
+template <int R, int KIND>
+__device__ __noinline__ unsigned bnb8_flash_chunk_exact(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base) {
+    unsigned bad = 0;
+    bnb8_flash_chunk<R, KIND, true, true>(sm, fs, base, bad);
+    return bad;
+}
+
+// The codes of a row of 4 state values in a group of stored scale s: the fast code where it is
+// vouched for, else the exact one. Out of line: rows that need it are rare (BNB8_NEAR_CODE).
+__device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, float x0, float x1, float x2, float x3) {
+    const float x[4] = {x0, x1, x2, x3};
+    const float r = bnb8_compand_rcp(scale);
+    uint32_t q = 0;
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int ok = 1;
+        uint32_t c = is_signed ? bnb8_compand_signed_fast(x[j], r, &ok)
+                               : bnb8_compand_unsigned_fast(x[j], 255.0f * r, &ok);
+        if (!ok) c = bnb8_compand_value(x[j], scale, is_signed);
+        q |= c << (8 * j);
+    }
+    return q;
+}
+
+// The default flash configuration on a full chunk: bnb8_flash_chunk<R, KIND, true, true>'s results
+// through the fast forms of bnb8.h, with no per-element choice for non-finite values. A code the
+// fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a tiny or non-finite weight
+// or a non-finite gradient (rare) sends the whole warp through bnb8_flash_chunk_exact before
+// anything is stored.
+template <int R, int KIND>
+__device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base, unsigned &bad) {
+    const bnb8_gpu_tensor &t = sm.t;
+    const bnb8_step_args args = bnb8_args_of<KIND>(t);
+    const int nstates = args.nstates;
+    constexpr int S = bnb8_max_states(KIND);
+    float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
+    uint32_t bits[R][2], corr[R], codes[S][R];
+    // Every load first.
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        bnb8_load_bits4(t.param, i, INT64_MAX, true, bits[r]);
+        corr[r] = bnb8_load_codes4((const uint8_t *)t.correction, i, INT64_MAX, true);
+        bnb8_load4(t.grad, BNB8_BF16, i, INT64_MAX, true, g[r]);
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + bnb8_offset<R>(r);
+            codes[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, INT64_MAX, true);
+            scale[k][r] = bnb8_bf16_to_f32(((const uint16_t *)t.scale[k])[(uint64_t)i / BNB8_FLASH_GROUP]);
+        }
+    }
+    // The masters and the expanded states (code 0's unit is 0: its value 0 whatever a finite scale).
+    int ok = 1;
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            p[r][j] = bnb8_ecc8_value_fast(bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(corr[r] >> (8 * j)) & 255u], &ok);
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            const int is_signed = bnb8_state_signed(KIND, k);
+            ok &= bnb8_isfinite(scale[k][r]);
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+                s[r][k][j] = bnb8_expand_from_unit(fs.unit[is_signed][(codes[k][r] >> (8 * j)) & 255u], scale[k][r], is_signed);
+        }
+    }
+    // The update; the new weights and corrections.
+    const float trust = sm.trust;
+    uint32_t nb[R][2], nc[R];
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        float pn[4];
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            ok &= bnb8_isfinite(g[r][j]);
+            float sk[3] = {0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
+            pn[j] = bnb8_apply(&args, p[r][j], bnb8_direction(&args, p[r][j], g[r][j], sk), trust);
+            #pragma unroll
+            for (int k = 0; k < S; k++) s[r][k][j] = sk[k];
+        }
+        nc[r] = 0;
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            __nv_bfloat162 two = __floats2bfloat162_rn(pn[2 * h], pn[2 * h + 1]);   // RNE, as bnb8_f32_to_bf16
+            memcpy(&nb[r][h], &two, 4);
+            #pragma unroll
+            for (int j = 2 * h; j < 2 * h + 2; j++)
+                nc[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], nb[r][h] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
+        }
+    }
+    // The states: per group of 32, the scale and the codes. A non-finite value (the group's max
+    // would be inf: fmaxf skips NaN) sends the warp to the exact path, which leaves it out.
+    uint32_t q[S][R], sc[S][R];
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        const int is_signed = bnb8_state_signed(KIND, k);
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            float amax = 0.0f;          // of |x| (signed), of x itself (unsigned: sqrtf is monotonic)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) amax = fmaxf(amax, is_signed ? fabsf(s[r][k][j]) : s[r][k][j]);
+            #pragma unroll
+            for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            ok &= bnb8_isfinite(amax);
+            const float scale_k = bnb8_scale_round_up(is_signed ? amax : sqrtf(amax), BNB8_BF16);
+            const float rc = bnb8_compand_rcp(scale_k), r255 = 255.0f * rc;
+            sc[k][r] = bnb8_f32_bits(scale_k) >> 16;
+            int vouched = 1;
+            uint32_t w = 0;
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+                w |= (is_signed ? bnb8_compand_signed_fast(s[r][k][j], rc, &vouched)
+                                : bnb8_compand_unsigned_fast(s[r][k][j], r255, &vouched)) << (8 * j);
+            if (!vouched) w = bnb8_compand_redo4(scale_k, is_signed, s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
+            q[k][r] = w;
+        }
+    }
+    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_flash_chunk_exact<R, KIND>(sm, fs, base); return; }
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        bnb8_store_bits4(t.param, i, INT64_MAX, true, nb[r]);
+        bnb8_store_codes4((uint8_t *)t.correction, i, INT64_MAX, true, nc[r]);
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            if ((i & (BNB8_FLASH_GROUP - 1)) == 0) ((uint16_t *)t.scale[k])[(uint64_t)i / BNB8_FLASH_GROUP] = (uint16_t)sc[k][r];
+            bnb8_store_codes4((uint8_t *)t.state[k], i, INT64_MAX, true, q[k][r]);
+        }
+    }
+}
+
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
 // shared math's switch folds away.
 // FLASH: the launch holds flash tensors or corrected weights (only the kinds with a flash form).
@@ -902,7 +1046,7 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
     if (FLASH) {
         fs.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
         fs.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
-        fs.ecc8[threadIdx.x] = bnb8_ecc_unit((int32_t)(int8_t)threadIdx.x, 127);
+        fs.ecc8[threadIdx.x] = bnb8_ecc8_entry((int32_t)(int8_t)threadIdx.x);
     }
     __syncthreads();
     if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing
@@ -943,7 +1087,7 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
         bool full = sm.vec && base + R * BNB8_ROW <= sm.t.n;
         if constexpr (FLASH) {
             if (sm.t.format == BNB8_STATE_FLASH || sm.t.correction_bytes) {
-                if (full && sm.def) bnb8_flash_chunk<R, KIND, true, true>(sm, fs, base, bad);
+                if (full && sm.def) bnb8_flash_chunk_fast<R, KIND>(sm, fs, base, bad);
                 else if (full) bnb8_flash_chunk<R, KIND, true, false>(sm, fs, base, bad);
                 else bnb8_flash_chunk<R, KIND, false, false>(sm, fs, base, bad);
                 continue;

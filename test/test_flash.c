@@ -18,7 +18,12 @@ element checked.
      NMSE < 0.05 (not Lion: see the test); the correction strictly closer to the reference than without.
   4. Zero gradients keep zero states exactly zero; non-finite gradients leave the weight, its
      correction and its states as they were and are counted; gnorm_scale and percentile clipping.
-  5. The optimizer object: export / import of the fp32 master, save -> load -> continue is
+  5. The GPU's fast forms (bnb8.h) against the exact functions: the bf16 master of every bf16
+     weight with every int8 correction, the correction of weights of every exponent, companded
+     codes of values on and next to every code boundary of scales of every exponent, with the
+     reciprocal off by up to 1 ulp and the reciprocal square root by up to 2 ulp: a result the
+     fast form vouches for is the exact one, and it vouches for all but the rare cases.
+  6. The optimizer object: export / import of the fp32 master, save -> load -> continue is
      bit-identical (the file restores the corrected weights), mismatched files are refused,
      7.125 / 5.125 persistent bytes per parameter, min_8bit_size, misuse.
 
@@ -27,6 +32,7 @@ gradient-norm history, the scales of each state, the correction, the codes of ea
 corrected weights). BNB8_TEST_VERBOSE=1 prints the measured numbers.
 */
 #define _POSIX_C_SOURCE 200809L   // mkdtemp
+#define BNB8_APPROX_TEST          // this file gives bnb8.h's approximations their worst errors
 #include "test.h"
 #include "bnb8.h"
 #include <stdlib.h>
@@ -1012,6 +1018,138 @@ static void test_flash_misuse(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// The fast forms' approximations with the worst errors they may have: the correctly rounded
+// reciprocal moved by -1, 0 or +1 ulp, the reciprocal square root by -2 .. +2 ulp.
+
+static uint64_t approx_state = 0x9e3779b97f4a7c15ull;
+static uint64_t approx_next(void) {
+    approx_state ^= approx_state << 13; approx_state ^= approx_state >> 7; approx_state ^= approx_state << 17;
+    return approx_state;
+}
+float bnb8_rcp_approx(float x) {
+    float r = 1.0f / x;
+    uint64_t k = approx_next() % 3;
+    return k == 0 ? r : nextafterf(r, k == 1 ? INFINITY : -INFINITY);
+}
+float bnb8_rsqrt_approx(float x) {
+    float r = (float)(1.0 / sqrt((double)x));
+    for (int k = (int)(approx_next() % 5) - 2; k; k += k > 0 ? -1 : 1) r = nextafterf(r, k > 0 ? INFINITY : -INFINITY);
+    return r;
+}
+
+static int same_float(float a, float b) { return f_bits(a) == f_bits(b) || (a != a && b != b); }
+
+// Every bf16 weight with every int8 correction: vouched for unless tiny (exponent field < 9) with
+// a nonzero correction, and then the exact master.
+static void test_fast_ecc_value(void) {
+    int64_t wrong = 0, refused = 0, refused_expected = 0;
+    for (uint32_t bits = 0; bits < 65536; bits++) {
+        uint32_t e = (bits >> 7) & 0xff;
+        for (int q = -128; q < 128; q++) {
+            int ok = 1;
+            float fast = bnb8_ecc8_value_fast(bits | 0xabcd0000u, bnb8_ecc8_entry(q), &ok);  // high half ignored
+            float exact = bnb8_ecc_value((uint16_t)bits, BNB8_BF16, q, 127);
+            refused += !ok;
+            refused_expected += e < 9 && q != 0;
+            if (ok && !same_float(fast, exact) && wrong++ < 5)
+                EXPECT(0, "ecc8 value of bf16 0x%04x, q %d: fast %a, exact %a", bits, q, fast, exact);
+            if (ok != !(e < 9 && q != 0)) EXPECT(0, "ecc8 value of bf16 0x%04x, q %d: vouched %d", bits, q, ok);
+        }
+    }
+    EXPECT(wrong == 0, "%lld fast masters differ", (long long)wrong);
+    EXPECT(refused == refused_expected, "refused %lld, expected %lld", (long long)refused, (long long)refused_expected);
+}
+
+// Corrections of weights of every exponent (random mantissas, and the ties of bf16 rounding and
+// their neighbours): vouched for when the weight's bf16 exponent field is 14..254, then exact.
+static void test_fast_ecc_code(void) {
+    test_rng rng = test_rng_new();
+    int64_t vouched = 0, wrong = 0;
+    for (uint32_t e = 0; e < 256; e++) {
+        for (int k = 0; k < 4000; k++) {
+            uint32_t u = (uint32_t)(test_u64(&rng) & 0x807fffffu) | e << 23;
+            if (k % 4 == 1) u = (u & 0xffff0000u) | 0x8000u;                      // a bf16 tie
+            if (k % 4 == 2) u = ((u & 0xffff0000u) | 0x8000u) + (k % 8 < 4 ? 1u : (uint32_t)-1);
+            float x = bits_f(u);
+            uint16_t h = bnb8_f32_to_bf16(x);
+            uint32_t he = (h >> 7) & 0xff;
+            int ok = 1;
+            int32_t fast = bnb8_ecc8_code_fast(x, h, &ok), exact = bnb8_ecc_code(x, h, BNB8_BF16, 127);
+            vouched += ok;
+            if (ok != (he >= 14 && he <= 254)) EXPECT(0, "ecc8 code of %a (bf16 0x%04x): vouched %d", x, h, ok);
+            if (ok && fast != exact && wrong++ < 5) EXPECT(0, "ecc8 code of %a: fast %d, exact %d", x, fast, exact);
+        }
+    }
+    EXPECT(wrong == 0 && vouched > 0, "%lld fast corrections differ (%lld vouched)", (long long)wrong, (long long)vouched);
+}
+
+// Companded codes under bf16 scales of every exponent (and 0, inf): random values in [-s, s], and
+// values on and next to each code boundary, found in double from the inverse of the code's map.
+static void test_fast_compand(void) {
+    test_rng rng = test_rng_new();
+    for (int is_signed = 0; is_signed < 2; is_signed++) {
+        int64_t tried = 0, vouched = 0, wrong = 0;
+        for (uint32_t se = 0; se < 256; se++) {
+            for (int rep = 0; rep < 24; rep++) {
+                uint16_t sb = (uint16_t)(se << 7 | (test_u64(&rng) & 0x7f));
+                if (se == 255) sb = rep ? 0x7f80 : 0;                                 // inf; 0
+                float scale = bnb8_bf16_to_f32(sb), r = bnb8_compand_rcp(scale);
+                for (int k = 0; k < 600; k++) {
+                    float x;
+                    if (k < 88) x = (float)((test_uniform(&rng) * 2 - 1) * scale);
+                    else {                             // next to the boundary between codes c - 1 and c
+                        double c = (double)((k - 88) % 256) - (is_signed ? 127.5 : 0.5);
+                        double y = c / (is_signed ? 127.0 : 255.0), z = is_signed ? y / (2 - fabs(y)) : y;
+                        double v = is_signed ? z * scale : (z * scale) * (z * scale);
+                        x = (float)v;
+                        int steps = (int)(test_u64(&rng) % 9) - 4;
+                        for (; steps > 0; steps--) x = nextafterf(x, INFINITY);
+                        for (; steps < 0; steps++) x = nextafterf(x, -INFINITY);
+                        if (!is_signed && x < 0) x = 0;
+                    }
+                    if (!is_signed && k >= 88) x = fabsf(x);   // random ones keep their sign: code 0
+                    if (k == 599) x = rep % 3 == 0 ? INFINITY : rep % 3 == 1 ? -INFINITY : NAN;
+                    int ok = 1;
+                    uint32_t fast = is_signed ? bnb8_compand_signed_fast(x, r, &ok)
+                                              : bnb8_compand_unsigned_fast(x, 255.0f * r, &ok);
+                    uint8_t exact = bnb8_compand_value(x, scale, is_signed);
+                    tried++;
+                    vouched += ok;
+                    if (ok && fast != exact && wrong++ < 5)
+                        EXPECT(0, "%s code of %a under %a: fast %u, exact %u", is_signed ? "signed" : "unsigned",
+                               x, scale, fast, exact);
+                }
+            }
+        }
+        // Not vouched for: scales outside [2^-120, 2^120] and values near a tie (most boundary
+        // values above are within a few ulp of one, on purpose).
+        EXPECT(wrong == 0, "%s: %lld fast codes differ", is_signed ? "signed" : "unsigned", (long long)wrong);
+        EXPECT(vouched > 0, "%s: none of %lld vouched for", is_signed ? "signed" : "unsigned", (long long)tried);
+        if (verbose) printf("    fast %s codes: %lld of %lld vouched for\n", is_signed ? "signed" : "unsigned",
+                            (long long)vouched, (long long)tried);
+    }
+    // All-zero groups (scale 0) are common (unused embedding rows): their codes are vouched for.
+    for (int zs = 0; zs < 4; zs++) {
+        int ok = 1;
+        float zero = zs & 1 ? -0.0f : 0.0f, r = bnb8_compand_rcp(zs & 2 ? 0.0f : 1.0f);
+        uint32_t c = bnb8_compand_signed_fast(zero, r, &ok) | bnb8_compand_unsigned_fast(zero, r, &ok);
+        EXPECT(ok && c == 0, "zero %a under scale %d: code %u, vouched %d", zero, zs & 2 ? 0 : 1, c, ok);
+    }
+    // On random values in the range of a normal scale the fast codes decide nearly all.
+    int64_t vouched = 0, n = 1 << 20;
+    for (int64_t i = 0; i < n; i++) {
+        float scale = bnb8_bf16_to_f32(bnb8_f32_to_bf16((float)(test_uniform(&rng) + 0.01)));
+        float x = (float)(test_randn(&rng) * scale / 4);
+        if (fabsf(x) > scale) x = scale;
+        int ok = 1;
+        bnb8_compand_signed_fast(x, bnb8_compand_rcp(scale), &ok);
+        bnb8_compand_unsigned_fast(x * x, 255.0f * bnb8_compand_rcp(scale), &ok);
+        vouched += ok;
+    }
+    EXPECT(vouched > n - n / 100, "random codes: %lld of %lld vouched for", (long long)vouched, (long long)n);
+}
+
+// ------------------------------------------------------------------------------------------------
 
 void tests_flash(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
@@ -1030,5 +1168,8 @@ void tests_flash(void) {
     test_run("flash: save -> load -> continue is bit-identical; bad files refused", test_flash_resume);
     test_run("flash: 7.125 / 5.125 bytes per parameter (AdamW, bf16, int8)", test_memory);
     test_run("flash: misuse is refused with a message", test_flash_misuse);
+    test_run("flash: the GPU's fast bf16 master from every weight and int8 correction", test_fast_ecc_value);
+    test_run("flash: the GPU's fast int8 correction on every exponent", test_fast_ecc_code);
+    test_run("flash: the GPU's fast companded codes next to every code boundary", test_fast_compand);
     rmdir(fdir);
 }

@@ -179,7 +179,7 @@ static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop
 // the count (from 2 on, a later tensor before an earlier one).
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
                                const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
-                               const char *per_tensor_name = NULL, int subset = 1) {
+                               const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -209,7 +209,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         t[i].n = sizes[i];
         t[i].p_cpu.resize(sizes[i] * ps);
         t[i].g_cpu.resize(sizes[i] * gs);
-        fill_random(t[i].p_cpu.data(), pdtype, sizes[i], 0.1f);
+        fill_random(t[i].p_cpu.data(), pdtype, sizes[i], p_scale);
         t[i].p_gpu = device_copy(t[i].p_cpu.data(), t[i].p_cpu.size());
         CUDA_CHECK(cudaMalloc(&t[i].g_gpu, sizes[i] * gs));
         int a = bnb8_optimizer_add(cpu, name, t[i].p_cpu.data(), pdtype, t[i].g_cpu.data(), gdtype, sizes[i], NULL);
@@ -340,6 +340,40 @@ static void test_flash_parity(void) {
         EXPECT(worst == 0.0 && equal, "%s flash p %s g %s ecc %s scales %s: params differ by %g rel, states or exports %s",
                name, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, dtype_name(c.scale), worst, equal ? "equal" : "differ");
     }
+    // Weights near the bottom of bf16's range (1e-36, lr 1e-37): the default configuration's fast
+    // path leaves their corrections to the exact one (bnb8_ecc8_value_fast, bnb8_ecc8_code_fast).
+    bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
+    cfg.format = BNB8_STATE_FLASH;
+    cfg.min_8bit_size = 0;
+    cfg.lr = 1e-37f;
+    int equal = 0;
+    double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_BF16, BNB8_BF16, sizes, steps(20), &equal, NULL, NULL, 1, 1e-36f);
+    printf("    AdamW        flash p bf16 g bf16 ecc int8  tiny weights: %s\n", worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+    EXPECT(worst == 0.0 && equal, "AdamW flash, tiny weights: params differ by %g rel, states or exports %s", worst, equal ? "equal" : "differ");
+}
+
+// The approximations the fast flash path may use (bnb8.h: bnb8_rcp_approx within 1 ulp and
+// bnb8_rsqrt_approx within 2 ulp of the correctly rounded value), measured on every float of
+// [1, 4): the hardware scales the exponent, so these binades stand for the normal range.
+__global__ void approx_errors_kernel(unsigned *ulps) {
+    uint32_t u = 0x3f800000u + blockIdx.x * blockDim.x + threadIdx.x;   // [1, 4): 2^24 floats
+    float x = bnb8_bits_f32(u);
+    int d = (int)bnb8_f32_bits(bnb8_rcp_approx(x)) - (int)bnb8_f32_bits(__frcp_rn(x));
+    atomicMax(&ulps[0], (unsigned)(d < 0 ? -d : d));
+    d = (int)bnb8_f32_bits(bnb8_rsqrt_approx(x)) - (int)bnb8_f32_bits(__double2float_rn(1.0 / sqrt((double)x)));
+    atomicMax(&ulps[1], (unsigned)(d < 0 ? -d : d));
+}
+static void test_fast_approximations(void) {
+    unsigned *d_ulps, ulps[2];
+    CUDA_CHECK(cudaMalloc(&d_ulps, sizeof ulps));
+    CUDA_CHECK(cudaMemset(d_ulps, 0, sizeof ulps));
+    approx_errors_kernel<<<(1 << 24) / 256, 256>>>(d_ulps);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(ulps, d_ulps, sizeof ulps, cudaMemcpyDeviceToHost));
+    printf("    reciprocal: %u ulp, reciprocal square root: %u ulp from the correctly rounded value\n", ulps[0], ulps[1]);
+    EXPECT(ulps[0] <= 1, "the approximate reciprocal is %u ulp off (the fast codes assume 1)", ulps[0]);
+    EXPECT(ulps[1] <= 2, "the approximate reciprocal square root is %u ulp off (the fast codes assume 2)", ulps[1]);
+    cudaFree(d_ulps);
 }
 
 // Block sizes, percentile clipping, and a GPT-2-like list of 148 tensors in one launch (32-bit,
@@ -476,6 +510,7 @@ int main(void) {
     run("quantize: a tensor above 2^31 elements equals the CPU's", test_quantize_above_2g);
     run("quantize: bad arguments and host pointers are refused", test_bad_arguments);
     run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
+    run("flash: the fast path's reciprocal and reciprocal square root are within their bounds", test_fast_approximations);
     run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
     run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
