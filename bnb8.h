@@ -713,7 +713,7 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
 // exact ones. The reciprocal and the reciprocal square root may be the GPU's approximations,
 // within 1 and 2 ulp of the correctly rounded value (CUDA's documented bounds; test_gpu measures
 // them on the device). A code is kept only when its w is at least BNB8_NEAR_CODE away from a
-// tie: over 2.5x what the approximations and both sides' roundings can move it (2^-13.4 for
+// tie: over 2.5x what the approximations and both sides' roundings can move it (2^-13.3 for
 // 127 y, 2^-12.4 for 255 z).
 #define BNB8_NEAR_CODE 0x1p-11f
 
@@ -751,34 +751,35 @@ BNB8_HD int32_t bnb8_ecc8_code_fast(float x, uint32_t bits, int *ok) {
     return (int32_t)roundf((x - bnb8_bf16_to_f32((uint16_t)bits)) * c);
 }
 
-// The reciprocal of a group scale for the fast codes: 0 for scale 0 (an all-zero group: codes 0,
-// as the exact ones); NaN (no code vouched for) for other scales outside [2^-120, 2^120], where
-// the approximation and the products could leave the normal range.
-BNB8_HD float bnb8_compand_rcp(float scale) {
-    float r = bnb8_rcp_approx(scale);
-    int normal = scale >= 0x1p-120f && scale <= 0x1p120f;
-    return normal ? r : scale == 0.0f ? 0.0f : bnb8_bits_f32(0x7fc00000u);
+// The reciprocal of a group scale for the fast codes; *ok cleared for scales outside
+// [2^-120, 2^120] other than 0, where the approximation and the products could leave the normal
+// range. Scale 0 (an all-zero group) gives 0: codes 0, as the exact ones.
+BNB8_HD float bnb8_compand_rcp(float scale, int *ok) {
+    *ok &= scale == 0.0f || (scale >= 0x1p-120f && scale <= 0x1p120f);
+    return scale == 0.0f ? 0.0f : bnb8_rcp_approx(scale);
 }
 
-// w nearest to an integer k, as k's low byte; *ok cleared when w is within BNB8_NEAR_CODE of a
-// tie or outside [-lo - 0.5, hi + 0.5). 1.5 * 2^23 makes the float add round w to an integer.
-BNB8_HD uint32_t bnb8_code_round(float w, float hi, int *ok) {
-    float m = w + 0x1.8p23f, k = m - 0x1.8p23f, d = w - k;
-    *ok &= fabsf(d) < 0.5f - BNB8_NEAR_CODE && fabsf(w) < hi + 0.5f;
+// w (|w| < 2^22) nearest to an integer k, as k's low byte; *ok cleared when w is within
+// BNB8_NEAR_CODE of a tie, or NaN. 1.5 * 2^23 makes the float add round w to an integer.
+BNB8_HD uint32_t bnb8_code_round(float w, int *ok) {
+    float m = w + 0x1.8p23f, k = m - 0x1.8p23f;
+    *ok &= fabsf(w - k) < 0.5f - BNB8_NEAR_CODE;
     return bnb8_f32_bits(m) & 0xffu;
 }
 
-// bnb8_compand_value(x, scale, 1) from r = bnb8_compand_rcp(scale): 127 y = 254 z / (1 + |z|).
-BNB8_HD uint32_t bnb8_compand_signed_fast(float x, float r, int *ok) {
-    float z = x * r;
-    return bnb8_code_round((254.0f * z) * bnb8_rcp_approx(1.0f + fabsf(z)), 127.0f, ok);
+// bnb8_compand_value(x, scale, 1) for |x| <= scale (a group's scale covers its values), from
+// r254 = 254 * bnb8_compand_rcp(scale): 127 y = 254 z / (1 + |z|) = z254 / (1 + |z254| / 254).
+BNB8_HD uint32_t bnb8_compand_signed_fast(float x, float r254, int *ok) {
+    float z = x * r254;
+    return bnb8_code_round(z * bnb8_rcp_approx(fmaf(fabsf(z), 1.0f / 254.0f, 1.0f)), ok);
 }
 
-// bnb8_compand_value(v, scale, 0) from r255 = 255 * bnb8_compand_rcp(scale): 255 sqrt(v) /
-// scale; code 0 for v not > 0. Vouched for v >= 2^-126 (else the approximation may flush).
+// bnb8_compand_value(v, scale, 0) for sqrt(v) <= scale, from r255 = 255 * bnb8_compand_rcp(scale):
+// 255 sqrt(v) / scale; code 0 for v not > 0. Vouched for v >= 2^-126 (else the approximation may
+// flush it).
 BNB8_HD uint32_t bnb8_compand_unsigned_fast(float v, float r255, int *ok) {
     int positive = v > 0.0f, good = v >= 0x1p-126f;
-    uint32_t c = bnb8_code_round((v * bnb8_rsqrt_approx(v)) * r255, 255.0f, &good);
+    uint32_t c = bnb8_code_round((v * bnb8_rsqrt_approx(v)) * r255, &good);
     *ok &= !positive || good;
     return positive ? c : 0u;
 }

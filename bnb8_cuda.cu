@@ -739,10 +739,12 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
 
 // Flash tensors (SPEC §6.3) and 32-bit-state tensors with corrected weights, in a launch that has
 // any: the tables that make a code's value one shared-memory read (bit-identical to computing it).
+// Static shared memory: the reads need no base address.
 struct bnb8_flash_smem {
     float unit[2][256];          // bnb8_expand_unit of each code: [0] unsigned, [1] signed
     float ecc8[256];             // bnb8_ecc8_entry of each int8 correction byte
 };
+__shared__ bnb8_flash_smem bnb8_flash_tables;
 
 // Raw 16-bit weights i..i+3 (zero past n), packed two per word.
 __device__ void bnb8_load_bits4(const void *x, int64_t i, int64_t n, bool vec, uint32_t w[2]) {
@@ -767,7 +769,8 @@ __device__ void bnb8_store_bits4(void *x, int64_t i, int64_t n, bool vec, const 
 // DEF: the default configuration (flash states, bf16 weights with int8 corrections, bf16 gradients
 // and scales), with its dtypes known at compile time: no run-time choice between conversions.
 template <int R, int KIND, bool FULL, bool DEF>
-__device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base, unsigned &bad) {
+__device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
+    const bnb8_flash_smem &fs = bnb8_flash_tables;
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
     const bool vec = FULL || sm.vec;
@@ -890,9 +893,9 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, const bnb8_flash_smem &fs
 // bnb8_flash_chunk in the default configuration on a full chunk, out of line: what the warp runs
 // when the fast forms below do not vouch for one of its weights. Returns the non-finite count.
 template <int R, int KIND>
-__device__ __noinline__ unsigned bnb8_flash_chunk_exact(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base) {
+__device__ __noinline__ unsigned bnb8_flash_chunk_exact(bnb8_update_smem &sm, int64_t base) {
     unsigned bad = 0;
-    bnb8_flash_chunk<R, KIND, true, true>(sm, fs, base, bad);
+    bnb8_flash_chunk<R, KIND, true, true>(sm, base, bad);
     return bad;
 }
 
@@ -900,12 +903,13 @@ __device__ __noinline__ unsigned bnb8_flash_chunk_exact(bnb8_update_smem &sm, co
 // vouched for, else the exact one. Out of line: rows that need it are rare (BNB8_NEAR_CODE).
 __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, float x0, float x1, float x2, float x3) {
     const float x[4] = {x0, x1, x2, x3};
-    const float r = bnb8_compand_rcp(scale);
+    int scale_ok = 1;
+    const float r = bnb8_compand_rcp(scale, &scale_ok);
     uint32_t q = 0;
     #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int ok = 1;
-        uint32_t c = is_signed ? bnb8_compand_signed_fast(x[j], r, &ok)
+        int ok = scale_ok;
+        uint32_t c = is_signed ? bnb8_compand_signed_fast(x[j], 254.0f * r, &ok)
                                : bnb8_compand_unsigned_fast(x[j], 255.0f * r, &ok);
         if (!ok) c = bnb8_compand_value(x[j], scale, is_signed);
         q |= c << (8 * j);
@@ -915,33 +919,47 @@ __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, 
 
 // The default flash configuration on a full chunk: bnb8_flash_chunk<R, KIND, true, true>'s results
 // through the fast forms of bnb8.h, with no per-element choice for non-finite values. A code the
-// fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a tiny or non-finite weight
-// or a non-finite gradient (rare) sends the whole warp through bnb8_flash_chunk_exact before
-// anything is stored.
+// fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a tiny or non-finite weight,
+// a non-finite gradient or state, or a scale out of the fast range (all rare) sends the whole warp
+// through bnb8_flash_chunk_exact before anything is stored. The chunk's arrays are addressed from
+// its first element (block-uniform) plus the thread's 32-bit offset.
 template <int R, int KIND>
-__device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, const bnb8_flash_smem &fs, int64_t base, unsigned &bad) {
+__device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
     const bnb8_gpu_tensor &t = sm.t;
+    const bnb8_flash_smem &fs = bnb8_flash_tables;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
     const int nstates = args.nstates;
     constexpr int S = bnb8_max_states(KIND);
+    uint16_t *param = (uint16_t *)t.param + base;                    // (R * 1024) bf16
+    uint8_t *corr = (uint8_t *)t.correction + base;                  // (R * 1024) int8
+    const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
+    uint8_t *state[S];                                               // (R * 1024) codes
+    uint16_t *scales[S];                                             // (R * 32) bf16 per state
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        state[k] = (uint8_t *)t.state[k] + base;
+        scales[k] = (uint16_t *)t.scale[k] + base / BNB8_FLASH_GROUP;
+    }
+    const unsigned o = (unsigned)bnb8_offset<R>(0);                  // this thread's row 0; row r at o + 128 r
     float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
-    uint32_t bits[R][2], corr[R], codes[S][R];
+    uint32_t bits[R][2], cor[R], codes[S][R];
     // Every load first.
     #pragma unroll
     for (int r = 0; r < R; r++) {
-        int64_t i = base + bnb8_offset<R>(r);
-        bnb8_load_bits4(t.param, i, INT64_MAX, true, bits[r]);
-        corr[r] = bnb8_load_codes4((const uint8_t *)t.correction, i, INT64_MAX, true);
-        bnb8_load4(t.grad, BNB8_BF16, i, INT64_MAX, true, g[r]);
-    }
-    #pragma unroll
-    for (int k = 0; k < S; k++) {
-        if (k >= nstates) continue;
+        const unsigned i = o + 128 * r;
+        uint2 w = BNB8_LD((const uint2 *)(param + i)), h = BNB8_LD((const uint2 *)(grad + i));
+        bits[r][0] = w.x;
+        bits[r][1] = w.y;
+        cor[r] = BNB8_LD((const unsigned *)(corr + i));
+        g[r][0] = bnb8_bf16_to_f32((uint16_t)h.x);
+        g[r][1] = bnb8_bf16_to_f32((uint16_t)(h.x >> 16));
+        g[r][2] = bnb8_bf16_to_f32((uint16_t)h.y);
+        g[r][3] = bnb8_bf16_to_f32((uint16_t)(h.y >> 16));
         #pragma unroll
-        for (int r = 0; r < R; r++) {
-            int64_t i = base + bnb8_offset<R>(r);
-            codes[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, INT64_MAX, true);
-            scale[k][r] = bnb8_bf16_to_f32(((const uint16_t *)t.scale[k])[(uint64_t)i / BNB8_FLASH_GROUP]);
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            codes[k][r] = BNB8_LD((const unsigned *)(state[k] + i));
+            scale[k][r] = bnb8_bf16_to_f32(scales[k][i / BNB8_FLASH_GROUP]);
         }
     }
     // The masters and the expanded states (code 0's unit is 0: its value 0 whatever a finite scale).
@@ -950,7 +968,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, const bnb8_flash_sme
     for (int r = 0; r < R; r++) {
         #pragma unroll
         for (int j = 0; j < 4; j++)
-            p[r][j] = bnb8_ecc8_value_fast(bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(corr[r] >> (8 * j)) & 255u], &ok);
+            p[r][j] = bnb8_ecc8_value_fast(bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(cor[r] >> (8 * j)) & 255u], &ok);
         #pragma unroll
         for (int k = 0; k < S; k++) {
             if (k >= nstates) continue;
@@ -1003,29 +1021,29 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, const bnb8_flash_sme
             for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
             ok &= bnb8_isfinite(amax);
             const float scale_k = bnb8_scale_round_up(is_signed ? amax : sqrtf(amax), BNB8_BF16);
-            const float rc = bnb8_compand_rcp(scale_k), r255 = 255.0f * rc;
+            const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
             sc[k][r] = bnb8_f32_bits(scale_k) >> 16;
             int vouched = 1;
             uint32_t w = 0;
             #pragma unroll
             for (int j = 0; j < 4; j++)
                 w |= (is_signed ? bnb8_compand_signed_fast(s[r][k][j], rc, &vouched)
-                                : bnb8_compand_unsigned_fast(s[r][k][j], r255, &vouched)) << (8 * j);
+                                : bnb8_compand_unsigned_fast(s[r][k][j], rc, &vouched)) << (8 * j);
             if (!vouched) w = bnb8_compand_redo4(scale_k, is_signed, s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
             q[k][r] = w;
         }
     }
-    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_flash_chunk_exact<R, KIND>(sm, fs, base); return; }
+    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_flash_chunk_exact<R, KIND>(sm, base); return; }
     #pragma unroll
     for (int r = 0; r < R; r++) {
-        int64_t i = base + bnb8_offset<R>(r);
-        bnb8_store_bits4(t.param, i, INT64_MAX, true, nb[r]);
-        bnb8_store_codes4((uint8_t *)t.correction, i, INT64_MAX, true, nc[r]);
+        const unsigned i = o + 128 * r;
+        BNB8_ST((uint2 *)(param + i), make_uint2(nb[r][0], nb[r][1]));
+        BNB8_ST((unsigned *)(corr + i), nc[r]);
         #pragma unroll
         for (int k = 0; k < S; k++) {
             if (k >= nstates) continue;
-            if ((i & (BNB8_FLASH_GROUP - 1)) == 0) ((uint16_t *)t.scale[k])[(uint64_t)i / BNB8_FLASH_GROUP] = (uint16_t)sc[k][r];
-            bnb8_store_codes4((uint8_t *)t.state[k], i, INT64_MAX, true, q[k][r]);
+            if ((i & (BNB8_FLASH_GROUP - 1)) == 0) scales[k][i / BNB8_FLASH_GROUP] = (uint16_t)sc[k][r];
+            BNB8_ST((unsigned *)(state[k] + i), q[k][r]);
         }
     }
 }
@@ -1041,12 +1059,11 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
                    unsigned long long *nonfinite, unsigned *tensor_max) {
     extern __shared__ __align__(16) unsigned char bnb8_smem[];
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
-    bnb8_flash_smem &fs = *(bnb8_flash_smem *)(bnb8_smem + (sizeof(bnb8_update_smem) + 15) / 16 * 16);
     for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
     if (FLASH) {
-        fs.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
-        fs.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
-        fs.ecc8[threadIdx.x] = bnb8_ecc8_entry((int32_t)(int8_t)threadIdx.x);
+        bnb8_flash_tables.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
+        bnb8_flash_tables.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
+        bnb8_flash_tables.ecc8[threadIdx.x] = bnb8_ecc8_entry((int32_t)(int8_t)threadIdx.x);
     }
     __syncthreads();
     if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing
@@ -1087,9 +1104,9 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
         bool full = sm.vec && base + R * BNB8_ROW <= sm.t.n;
         if constexpr (FLASH) {
             if (sm.t.format == BNB8_STATE_FLASH || sm.t.correction_bytes) {
-                if (full && sm.def) bnb8_flash_chunk_fast<R, KIND>(sm, fs, base, bad);
-                else if (full) bnb8_flash_chunk<R, KIND, true, false>(sm, fs, base, bad);
-                else bnb8_flash_chunk<R, KIND, false, false>(sm, fs, base, bad);
+                if (full && sm.def) bnb8_flash_chunk_fast<R, KIND>(sm, base, bad);
+                else if (full) bnb8_flash_chunk<R, KIND, true, false>(sm, base, bad);
+                else bnb8_flash_chunk<R, KIND, false, false>(sm, base, bad);
                 continue;
             }
         }
@@ -1167,7 +1184,7 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
 template <int KIND, bool FLASH, int PASS>
 static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, const bnb8_step_header *dh,
                               const bnb8_gpu_tensor *dt, cudaStream_t stream) {
-    const int smem = (int)((sizeof(bnb8_update_smem) + 15) / 16 * 16 + (FLASH ? sizeof(bnb8_flash_smem) : 0));
+    const int smem = (int)sizeof(bnb8_update_smem);
     int *per_sm = &c->update_per_sm[PASS][FLASH][rows == 4][KIND];
     int64_t grid;
     int status = rows == 2 ? bnb8_persistent_grid(bnb8_update_kernel<2, KIND, FLASH, PASS>, smem, per_sm, chunks, &grid)

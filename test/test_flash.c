@@ -1083,8 +1083,9 @@ static void test_fast_ecc_code(void) {
     EXPECT(wrong == 0 && vouched > 0, "%lld fast corrections differ (%lld vouched)", (long long)wrong, (long long)vouched);
 }
 
-// Companded codes under bf16 scales of every exponent (and 0, inf): random values in [-s, s], and
-// values on and next to each code boundary, found in double from the inverse of the code's map.
+// Companded codes under bf16 scales of every exponent (and 0, inf): random values the scale
+// covers, values on and next to each code boundary (found in double from the inverse of the
+// code's map), and inf / NaN.
 static void test_fast_compand(void) {
     test_rng rng = test_rng_new();
     for (int is_signed = 0; is_signed < 2; is_signed++) {
@@ -1093,24 +1094,25 @@ static void test_fast_compand(void) {
             for (int rep = 0; rep < 24; rep++) {
                 uint16_t sb = (uint16_t)(se << 7 | (test_u64(&rng) & 0x7f));
                 if (se == 255) sb = rep ? 0x7f80 : 0;                                 // inf; 0
-                float scale = bnb8_bf16_to_f32(sb), r = bnb8_compand_rcp(scale);
+                float scale = bnb8_bf16_to_f32(sb);
+                int scale_ok = 1;
+                float r = bnb8_compand_rcp(scale, &scale_ok);
                 for (int k = 0; k < 600; k++) {
                     float x;
-                    if (k < 88) x = (float)((test_uniform(&rng) * 2 - 1) * scale);
-                    else {                             // next to the boundary between codes c - 1 and c
-                        double c = (double)((k - 88) % 256) - (is_signed ? 127.5 : 0.5);
+                    if (k < 88) {
+                        x = (float)((test_uniform(&rng) * 2 - 1) * scale);
+                        if (!is_signed) x = (k & 1 ? -1.0f : 1.0f) * x * x;   // sqrt(|v|) <= scale
+                    } else {                           // next to the boundary between codes c - 1 and c
+                        double c = is_signed ? 1 + (k - 88) % 254 - 127.5 : 1 + (k - 88) % 255 - 0.5;
                         double y = c / (is_signed ? 127.0 : 255.0), z = is_signed ? y / (2 - fabs(y)) : y;
-                        double v = is_signed ? z * scale : (z * scale) * (z * scale);
-                        x = (float)v;
+                        x = (float)(is_signed ? z * scale : (z * scale) * (z * scale));
                         int steps = (int)(test_u64(&rng) % 9) - 4;
                         for (; steps > 0; steps--) x = nextafterf(x, INFINITY);
                         for (; steps < 0; steps++) x = nextafterf(x, -INFINITY);
-                        if (!is_signed && x < 0) x = 0;
                     }
-                    if (!is_signed && k >= 88) x = fabsf(x);   // random ones keep their sign: code 0
                     if (k == 599) x = rep % 3 == 0 ? INFINITY : rep % 3 == 1 ? -INFINITY : NAN;
-                    int ok = 1;
-                    uint32_t fast = is_signed ? bnb8_compand_signed_fast(x, r, &ok)
+                    int ok = scale_ok;
+                    uint32_t fast = is_signed ? bnb8_compand_signed_fast(x, 254.0f * r, &ok)
                                               : bnb8_compand_unsigned_fast(x, 255.0f * r, &ok);
                     uint8_t exact = bnb8_compand_value(x, scale, is_signed);
                     tried++;
@@ -1131,8 +1133,8 @@ static void test_fast_compand(void) {
     // All-zero groups (scale 0) are common (unused embedding rows): their codes are vouched for.
     for (int zs = 0; zs < 4; zs++) {
         int ok = 1;
-        float zero = zs & 1 ? -0.0f : 0.0f, r = bnb8_compand_rcp(zs & 2 ? 0.0f : 1.0f);
-        uint32_t c = bnb8_compand_signed_fast(zero, r, &ok) | bnb8_compand_unsigned_fast(zero, r, &ok);
+        float zero = zs & 1 ? -0.0f : 0.0f, r = bnb8_compand_rcp(zs & 2 ? 0.0f : 1.0f, &ok);
+        uint32_t c = bnb8_compand_signed_fast(zero, 254.0f * r, &ok) | bnb8_compand_unsigned_fast(zero, 255.0f * r, &ok);
         EXPECT(ok && c == 0, "zero %a under scale %d: code %u, vouched %d", zero, zs & 2 ? 0 : 1, c, ok);
     }
     // On random values in the range of a normal scale the fast codes decide nearly all.
@@ -1142,8 +1144,9 @@ static void test_fast_compand(void) {
         float x = (float)(test_randn(&rng) * scale / 4);
         if (fabsf(x) > scale) x = scale;
         int ok = 1;
-        bnb8_compand_signed_fast(x, bnb8_compand_rcp(scale), &ok);
-        bnb8_compand_unsigned_fast(x * x, 255.0f * bnb8_compand_rcp(scale), &ok);
+        float r = bnb8_compand_rcp(scale, &ok);
+        bnb8_compand_signed_fast(x, 254.0f * r, &ok);
+        bnb8_compand_unsigned_fast(x * x, 255.0f * r, &ok);
         vouched += ok;
     }
     EXPECT(vouched > n - n / 100, "random codes: %lld of %lld vouched for", (long long)vouched, (long long)n);
