@@ -734,21 +734,22 @@ float bnb8_rsqrt_approx(float x);
 BNB8_HD float bnb8_ecc8_entry(int32_t q) { return q ? bnb8_ecc_unit(q, 127) : -0.0f; }
 
 // bnb8_ecc_value(bits, BF16, q, 127) from entry = bnb8_ecc8_entry(q): 2^L from the exponent
-// field e alone, valid for e >= 9 (else only q = 0 is vouched for).
+// field e alone, vouched for e >= 9 (zero and tiny weights, and exact zeros, are left to the
+// exact function: rare after the first step).
 BNB8_HD float bnb8_ecc8_value_fast(uint32_t bits, float entry, int *ok) {
     uint32_t e = (bits << 16) & 0x7f800000u;
-    *ok &= e >= (9u << 23) || entry == 0.0f;
-    e = e > (9u << 23) ? e : (9u << 23);                    // keeps 2^L positive when q = 0
+    *ok &= e >= (9u << 23);
     return bnb8_bf16_to_f32((uint16_t)bits) + entry * bnb8_bits_f32(e - (8u << 23));
 }
 
 // bnb8_ecc_code(x, bits, BF16, 127) when bits = RNE(x): (x - n) 2^-L 127 is one exact scaling
-// and rounding, |t| <= 1 without the clamp, for exponent fields 14..254.
+// and rounding, |t| <= 1 without the clamp, for exponent fields 14..254 (else t may be NaN: 0).
 BNB8_HD int32_t bnb8_ecc8_code_fast(float x, uint32_t bits, int *ok) {
     uint32_t e = (bits << 16) & 0x7f800000u;
-    *ok &= e - (14u << 23) <= ((254u - 14u) << 23);
-    float c = bnb8_bits_f32(0x867e0000u - e);               // 127 * 2^(135 - e): 127 2^-L
-    return (int32_t)roundf((x - bnb8_bf16_to_f32((uint16_t)bits)) * c);
+    int normal = e - (14u << 23) <= ((254u - 14u) << 23);
+    *ok &= normal;
+    float t = (x - bnb8_bf16_to_f32((uint16_t)bits)) * bnb8_bits_f32(0x867e0000u - e);   // 127 2^-L
+    return (int32_t)roundf(normal ? t : 0.0f);
 }
 
 // The reciprocal of a group scale for the fast codes; *ok cleared for scales outside

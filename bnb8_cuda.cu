@@ -919,10 +919,10 @@ __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, 
 
 // The default flash configuration on a full chunk: bnb8_flash_chunk<R, KIND, true, true>'s results
 // through the fast forms of bnb8.h, with no per-element choice for non-finite values. A code the
-// fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a tiny or non-finite weight,
-// a non-finite gradient or state, or a scale out of the fast range (all rare) sends the whole warp
-// through bnb8_flash_chunk_exact before anything is stored. The chunk's arrays are addressed from
-// its first element (block-uniform) plus the thread's 32-bit offset.
+// fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a zero, tiny or non-finite
+// weight, a non-finite gradient or state, or a scale out of the fast range (all rare) sends the
+// whole warp through bnb8_flash_chunk_exact before anything is stored. The chunk's arrays are
+// addressed from its first element (block-uniform) plus the thread's 32-bit offset.
 template <int R, int KIND>
 __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
     const bnb8_gpu_tensor &t = sm.t;
