@@ -7,6 +7,7 @@ per-element math from bnb8.h so that results are bit-identical. Build with -fmad
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <mutex>
 
 #define BNB8_THREADS 256
@@ -332,12 +333,18 @@ static int bnb8_persistent_grid(Kernel kernel, int smem, int *per_sm, int64_t ch
 
 // The library's own pool for stream-ordered scratch on the current device: it keeps its memory
 // between calls (a pool that returns it at every synchronization, as the default one does, makes
-// each allocation a mapping), and the caller's default pool is left as it is.
+// each allocation a mapping), and the caller's default pool is left as it is. *pool is NULL where
+// the driver has no memory pools (some vGPU and WDDM setups; BNB8_NO_MEMORY_POOLS=1 pretends so,
+// for the tests): the caller then uses cudaMalloc and cudaFree, which waits for the device.
 static int bnb8_scratch_pool(const char *fn, cudaMemPool_t *pool) {
     static std::mutex lock;
     static cudaMemPool_t pools[64];
-    int device = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    *pool = NULL;
+    int device = 0, supported = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    if (!status) status = bnb8_cuda_status(fn, cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
     if (status) return status;
+    const char *pretend = getenv("BNB8_NO_MEMORY_POOLS");
+    if (!supported || (pretend && pretend[0] == '1')) return BNB8_OK;
     if (device < 0 || device >= 64) return bnb8_fail(BNB8_ERR_DEVICE, "%s: device %d (at most 64)", fn, device);
     std::lock_guard<std::mutex> guard(lock);
     if (!pools[device]) {
@@ -373,16 +380,19 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
     if ((status = rows == 2 ? bnb8_persistent_grid(bnb8_quantize_kernel<2>, 0, &per_sm[0], chunks, &grid)
                             : bnb8_persistent_grid(bnb8_quantize_kernel<4>, 0, &per_sm[1], chunks, &grid)))
         return status;
-    // The codebook in stream-ordered scratch: built once, copied by every block.
+    // The codebook in stream-ordered scratch (plain device memory without pools): built once,
+    // copied by every block.
     bnb8_codebook *book = NULL;
     cudaMemPool_t pool;
     if ((status = bnb8_scratch_pool(fn, &pool))) return status;
-    if ((status = bnb8_cuda_status(fn, cudaMallocFromPoolAsync((void **)&book, sizeof *book, pool, stream)))) return status;
+    status = bnb8_cuda_status(fn, pool ? cudaMallocFromPoolAsync((void **)&book, sizeof *book, pool, stream)
+                                       : cudaMalloc((void **)&book, sizeof *book));
+    if (status) return status;
     bnb8_codebook_kernel<<<BNB8_CODEBOOK_BLOCKS, BNB8_THREADS, 0, stream>>>(code, 0, book);
     if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
     else bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
     status = bnb8_cuda_status(fn, cudaGetLastError());
-    int freed = bnb8_cuda_status(fn, cudaFreeAsync(book, stream));
+    int freed = bnb8_cuda_status(fn, pool ? cudaFreeAsync(book, stream) : cudaFree(book));
     return status ? status : freed;
 }
 

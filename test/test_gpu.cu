@@ -114,6 +114,10 @@ static void test_quantize_parity(void) {
         for (int d = 0; d < 3; d++)
             for (int64_t bs = 64; bs <= 4096; bs *= 2)
                 for (int s = 0; s < 5; s++) quantize_parity((bnb8_dtype)d, sizes[s], bs, maps[m]);
+    // Without memory pools (as on some vGPU / WDDM drivers) the codebook goes in plain device memory.
+    setenv("BNB8_NO_MEMORY_POOLS", "1", 1);
+    for (int s = 0; s < 5; s++) quantize_parity(BNB8_F32, sizes[s], 256, maps[s % 3]);
+    unsetenv("BNB8_NO_MEMORY_POOLS");
 }
 
 // One tensor above 2^31 elements (bf16, 4.3 GB): every code and absmax equal to the CPU's.
