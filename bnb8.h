@@ -734,8 +734,8 @@ float bnb8_rsqrt_approx(float x);
 BNB8_HD float bnb8_ecc8_entry(int32_t q) { return q ? bnb8_ecc_unit(q, 127) : -0.0f; }
 
 // bnb8_ecc_value(bits, BF16, q, 127) from entry = bnb8_ecc8_entry(q): 2^L from the exponent
-// field e alone, vouched for e >= 9 (zero and tiny weights, and exact zeros, are left to the
-// exact function: rare after the first step).
+// field e alone, vouched for e >= 9 (zero and tiny weights are left to the exact function: rare
+// after the first step).
 BNB8_HD float bnb8_ecc8_value_fast(uint32_t bits, float entry, int *ok) {
     uint32_t e = (bits << 16) & 0x7f800000u;
     *ok &= e >= (9u << 23);
