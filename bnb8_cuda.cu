@@ -756,6 +756,13 @@ struct bnb8_flash_smem {
 };
 __shared__ bnb8_flash_smem bnb8_flash_tables;
 
+// The max over a flash group of 32 elements: the 8 lanes holding its rows of 4.
+__device__ float bnb8_group_max(float m) {
+    #pragma unroll
+    for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    return m;
+}
+
 // Raw 16-bit weights i..i+3 (zero past n), packed two per word.
 __device__ void bnb8_load_bits4(const void *x, int64_t i, int64_t n, bool vec, uint32_t w[2]) {
     const uint16_t *h = (const uint16_t *)x;
@@ -888,8 +895,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
                 m[j] = bnb8_compand_magnitude(s[r][k][j], is_signed);
                 if (FULL || i + j < n) amax = fmaxf(amax, m[j]);
             }
-            #pragma unroll
-            for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            amax = bnb8_group_max(amax);
             float sc = bnb8_scale_round_up(amax, sdt);
             if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
             uint32_t q = 0;
@@ -1027,8 +1033,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
             float amax = 0.0f;          // of |x| (signed), of x itself (unsigned: sqrtf is monotonic)
             #pragma unroll
             for (int j = 0; j < 4; j++) amax = fmaxf(amax, is_signed ? fabsf(s[r][k][j]) : s[r][k][j]);
-            #pragma unroll
-            for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            amax = bnb8_group_max(amax);
             ok &= bnb8_isfinite(amax);
             const float scale_k = bnb8_scale_round_up(is_signed ? amax : sqrtf(amax), BNB8_BF16);
             const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
