@@ -1021,10 +1021,11 @@ static void test_flash_misuse(void) {
 // The fast forms' approximations with the worst errors they may have: the correctly rounded
 // reciprocal moved by -1, 0 or +1 ulp, the reciprocal square root by -2 .. +2 ulp.
 
-static uint64_t approx_state = 0x9e3779b97f4a7c15ull;
+static test_rng approx_rng;               // seeded on first use from the run's seed
 static uint64_t approx_next(void) {
-    approx_state ^= approx_state << 13; approx_state ^= approx_state >> 7; approx_state ^= approx_state << 17;
-    return approx_state;
+    static int seeded;
+    if (!seeded) { approx_rng = test_rng_new(); seeded = 1; }
+    return test_u64(&approx_rng);
 }
 float bnb8_rcp_approx(float x) {
     float r = 1.0f / x;
