@@ -756,10 +756,11 @@ struct bnb8_flash_smem {
 };
 __shared__ bnb8_flash_smem bnb8_flash_tables;
 
-// The max over a flash group of 32 elements: the 8 lanes holding its rows of 4.
+// The max over a flash group of 32 elements: the LANES lanes holding it.
+template <int LANES>
 __device__ float bnb8_group_max(float m) {
     #pragma unroll
-    for (int off = 1; off < BNB8_FLASH_GROUP / 4; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    for (int off = 1; off < LANES; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     return m;
 }
 
@@ -895,7 +896,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
                 m[j] = bnb8_compand_magnitude(s[r][k][j], is_signed);
                 if (FULL || i + j < n) amax = fmaxf(amax, m[j]);
             }
-            amax = bnb8_group_max(amax);
+            amax = bnb8_group_max<BNB8_FLASH_GROUP / 4>(amax);
             float sc = bnb8_scale_round_up(amax, sdt);
             if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
             uint32_t q = 0;
@@ -937,7 +938,9 @@ __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, 
 // through the fast forms of bnb8.h, with no per-element choice for non-finite values. A code the
 // fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a zero, tiny or non-finite
 // weight, a non-finite gradient or state, or a scale out of the fast range (all rare) sends the
-// whole warp through bnb8_flash_chunk_exact before anything is stored. The chunk's arrays are
+// whole warp through bnb8_flash_chunk_exact before anything is stored. A lane holds 4 R consecutive
+// elements of its warp's R * 128 (the exact chunk's share of the warp), so that a group of 32 is
+// 32 / (4 R) lanes: one scale per lane and state, 16-byte accesses. The chunk's arrays are
 // addressed from its first element (block-uniform) plus the thread's 32-bit offset.
 template <int R, int KIND>
 __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
@@ -945,7 +948,8 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
     const bnb8_flash_smem &fs = bnb8_flash_tables;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
     const int nstates = args.nstates;
-    constexpr int S = bnb8_max_states(KIND);
+    constexpr int S = bnb8_max_states(KIND), N = 4 * R, LANES = BNB8_FLASH_GROUP / N;
+    static_assert(R % 2 == 0 && LANES >= 1, "a lane holds whole 16-byte pieces of its group");
     uint16_t *param = (uint16_t *)t.param + base;                    // (R * 1024) bf16
     uint8_t *corr = (uint8_t *)t.correction + base;                  // (R * 1024) int8
     const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
@@ -956,30 +960,34 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
         state[k] = (uint8_t *)t.state[k] + base;
         scales[k] = (uint16_t *)t.scale[k] + base / BNB8_FLASH_GROUP;
     }
-    const unsigned o = (unsigned)bnb8_offset<R>(0);                  // this thread's row 0; row r at o + 128 r
-    float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
+    const unsigned o = (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * N;   // this thread's N elements
+    // Rows of 4 as bnb8_flash_chunk's (r: elements o + 4 r ..), loaded 8 at a time.
+    float p[R][4], g[R][4], s[R][S][4] = {}, scale[S];
     uint32_t bits[R][2], cor[R], codes[S][R];
     // Every load first.
     #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const unsigned i = o + 128 * r;
-        uint2 w = BNB8_LD((const uint2 *)(param + i)), h = BNB8_LD((const uint2 *)(grad + i));
-        bits[r][0] = w.x;
-        bits[r][1] = w.y;
-        cor[r] = BNB8_LD((const unsigned *)(corr + i));
-        g[r][0] = bnb8_bf16_to_f32((uint16_t)h.x);
-        g[r][1] = bnb8_bf16_to_f32((uint16_t)(h.x >> 16));
-        g[r][2] = bnb8_bf16_to_f32((uint16_t)h.y);
-        g[r][3] = bnb8_bf16_to_f32((uint16_t)(h.y >> 16));
+    for (int r = 0; r < R; r += 2) {
+        const unsigned i = o + 4 * r;
+        uint4 w = BNB8_LD((const uint4 *)(param + i)), h = BNB8_LD((const uint4 *)(grad + i));
+        uint2 c = BNB8_LD((const uint2 *)(corr + i));
+        bits[r][0] = w.x, bits[r][1] = w.y, bits[r + 1][0] = w.z, bits[r + 1][1] = w.w;
+        cor[r] = c.x, cor[r + 1] = c.y;
+        const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
+        #pragma unroll
+        for (int j = 0; j < 8; j++) g[r + j / 4][j % 4] = bnb8_bf16_to_f32((uint16_t)(hw[j / 2] >> (16 * (j & 1))));
         #pragma unroll
         for (int k = 0; k < S; k++) {
             if (k >= nstates) continue;
-            codes[k][r] = BNB8_LD((const unsigned *)(state[k] + i));
-            scale[k][r] = bnb8_bf16_to_f32(scales[k][i / BNB8_FLASH_GROUP]);
+            uint2 q = BNB8_LD((const uint2 *)(state[k] + i));
+            codes[k][r] = q.x, codes[k][r + 1] = q.y;
         }
     }
+    #pragma unroll
+    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_bf16_to_f32(scales[k][o / BNB8_FLASH_GROUP]) : 0.0f;
     // The masters and the expanded states (code 0's unit is 0: its value 0 whatever a finite scale).
     int ok = 1;
+    #pragma unroll
+    for (int k = 0; k < S; k++) ok &= k >= nstates || bnb8_isfinite(scale[k]);
     #pragma unroll
     for (int r = 0; r < R; r++) {
         #pragma unroll
@@ -989,10 +997,9 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
         for (int k = 0; k < S; k++) {
             if (k >= nstates) continue;
             const int is_signed = bnb8_state_signed(KIND, k);
-            ok &= bnb8_isfinite(scale[k][r]);
             #pragma unroll
             for (int j = 0; j < 4; j++)
-                s[r][k][j] = bnb8_expand_from_unit(fs.unit[is_signed][(codes[k][r] >> (8 * j)) & 255u], scale[k][r], is_signed);
+                s[r][k][j] = bnb8_expand_from_unit(fs.unit[is_signed][(codes[k][r] >> (8 * j)) & 255u], scale[k], is_signed);
         }
     }
     // The update; the new weights and corrections.
@@ -1021,23 +1028,25 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
                 nc[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], nb[r][h] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
         }
     }
-    // The states: per group of 32, the scale and the codes. A non-finite value (the group's max
-    // would be inf: fmaxf skips NaN) sends the warp to the exact path, which leaves it out.
-    uint32_t q[S][R], sc[S][R];
+    // The states: per group of 32 (LANES lanes), the scale and the codes. A non-finite value (the
+    // group's max would be inf: fmaxf skips NaN) sends the warp to the exact path, which leaves it out.
+    uint32_t q[S][R], sc[S];
     #pragma unroll
     for (int k = 0; k < S; k++) {
         if (k >= nstates) continue;
         const int is_signed = bnb8_state_signed(KIND, k);
+        float amax = 0.0f;              // of |x| (signed), of x itself (unsigned: sqrtf is monotonic)
         #pragma unroll
-        for (int r = 0; r < R; r++) {
-            float amax = 0.0f;          // of |x| (signed), of x itself (unsigned: sqrtf is monotonic)
+        for (int r = 0; r < R; r++)
             #pragma unroll
             for (int j = 0; j < 4; j++) amax = fmaxf(amax, is_signed ? fabsf(s[r][k][j]) : s[r][k][j]);
-            amax = bnb8_group_max(amax);
-            ok &= bnb8_isfinite(amax);
-            const float scale_k = bnb8_scale_round_up(is_signed ? amax : sqrtf(amax), BNB8_BF16);
-            const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
-            sc[k][r] = bnb8_f32_bits(scale_k) >> 16;
+        amax = bnb8_group_max<LANES>(amax);
+        ok &= bnb8_isfinite(amax);
+        const float scale_k = bnb8_scale_round_up(is_signed ? amax : sqrtf(amax), BNB8_BF16);
+        const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
+        sc[k] = bnb8_f32_bits(scale_k) >> 16;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
             int vouched = 1;
             uint32_t w = 0;
             #pragma unroll
@@ -1050,17 +1059,17 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
     }
     if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_flash_chunk_exact<R, KIND>(sm, base); return; }
     #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const unsigned i = o + 128 * r;
-        BNB8_ST((uint2 *)(param + i), make_uint2(nb[r][0], nb[r][1]));
-        BNB8_ST((unsigned *)(corr + i), nc[r]);
+    for (int r = 0; r < R; r += 2) {
+        const unsigned i = o + 4 * r;
+        BNB8_ST((uint4 *)(param + i), make_uint4(nb[r][0], nb[r][1], nb[r + 1][0], nb[r + 1][1]));
+        BNB8_ST((uint2 *)(corr + i), make_uint2(nc[r], nc[r + 1]));
         #pragma unroll
-        for (int k = 0; k < S; k++) {
-            if (k >= nstates) continue;
-            if ((i & (BNB8_FLASH_GROUP - 1)) == 0) scales[k][i / BNB8_FLASH_GROUP] = (uint16_t)sc[k][r];
-            BNB8_ST((unsigned *)(state[k] + i), q[k][r]);
-        }
+        for (int k = 0; k < S; k++)
+            if (k < nstates) BNB8_ST((uint2 *)(state[k] + i), make_uint2(q[k][r], q[k][r + 1]));
     }
+    #pragma unroll
+    for (int k = 0; k < S; k++)
+        if (k < nstates && o % BNB8_FLASH_GROUP == 0) scales[k][o / BNB8_FLASH_GROUP] = (uint16_t)sc[k];
 }
 
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the

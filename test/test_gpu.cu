@@ -183,7 +183,8 @@ static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop
 // the count (from 2 on, a later tensor before an earlier one).
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
                                const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
-                               const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f) {
+                               const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f,
+                               int64_t t0_blocks = 0) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -198,6 +199,14 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         o.weight_decay = 0.0f;
         bnb8_optimizer_override(cpu, override_name, &o);
         bnb8_optimizer_override(gpu, override_name, &o);
+    }
+    if (t0_blocks) {                     // t0 8-bit with blocks of t0_blocks (of 4096: chunks of 4 rows)
+        bnb8_config o = cfg;
+        o.format = BNB8_STATE_8BIT;
+        o.blocksize = t0_blocks;
+        o.correction_bytes = 0;
+        bnb8_optimizer_override(cpu, "t0", &o);
+        bnb8_optimizer_override(gpu, "t0", &o);
     }
     if (per_tensor_name) {
         bnb8_config o = cfg;
@@ -343,6 +352,21 @@ static void test_flash_parity(void) {
                corr, dtype_name(c.scale), worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
         EXPECT(worst == 0.0 && equal, "%s flash p %s g %s ecc %s scales %s: params differ by %g rel, states or exports %s",
                name, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, dtype_name(c.scale), worst, equal ? "equal" : "differ");
+    }
+    // Flash tensors in a launch of 4-row chunks (an 8-bit tensor with blocks of 4096 among them): the
+    // fast path with 16 elements per lane, for each flash kind.
+    for (int k = 0; k < 5; k++) {
+        bnb8_config cfg = bnb8_config_default(kinds[k]);
+        cfg.format = BNB8_STATE_FLASH;
+        cfg.min_8bit_size = 0;
+        cfg.weight_decay = 0.01f;
+        cfg.nesterov = k == 3;
+        int equal = 0;
+        double worst = optimizer_parity(kinds[k], cfg, BNB8_BF16, BNB8_BF16, sizes, steps(100), &equal, NULL, NULL, 1, 0.1f, 4096);
+        printf("    %-12s flash p bf16 g bf16 ecc int8  with 8-bit blocks of 4096: %s\n", optimizer_names[kinds[k]],
+               worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "%s flash among 8-bit blocks of 4096: params differ by %g rel, states or exports %s",
+               optimizer_names[kinds[k]], worst, equal ? "equal" : "differ");
     }
     // Weights near the bottom of bf16's range (1e-36, lr 1e-37): the default configuration's fast
     // path leaves their corrections to the exact one (bnb8_ecc8_value_fast, bnb8_ecc8_code_fast).
