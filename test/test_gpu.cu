@@ -321,6 +321,11 @@ static const char *dtype_name(bnb8_dtype d) { return d == BNB8_F32 ? "f32" : d =
 // f32, and bf16 / f16 with no, int8 and int16 correction; bf16 scales; then fp16 gradients, and
 // f16 / f32 scales, on AdamW. min_8bit_size 0 makes every tensor flash (every tail group) except
 // "t3", whose 32-bit states keep the correction of narrow weights.
+// A flash kind's name, SGD's with its momentum form.
+static const char *flash_kind_name(bnb8_optim kind, int nesterov) {
+    return kind != BNB8_SGD ? optimizer_names[kind] : nesterov ? "SGD nesterov" : "SGD momentum";
+}
+
 static void test_flash_parity(void) {
     std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     typedef struct { bnb8_optim kind; int nesterov; bnb8_dtype pdtype, gdtype; int correction; bnb8_dtype scale; } flash_case;
@@ -346,7 +351,7 @@ static void test_flash_parity(void) {
         cfg.scale_dtype = c.scale;
         int equal = 0;
         double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3");
-        const char *name = c.kind != BNB8_SGD ? optimizer_names[c.kind] : c.nesterov ? "SGD nesterov" : "SGD momentum";
+        const char *name = flash_kind_name(c.kind, c.nesterov);
         const char *corr = c.pdtype == BNB8_F32 ? "-" : corr_names[c.correction];
         printf("    %-12s flash p %-4s g %-4s ecc %-5s scales %-4s: %s\n", name, dtype_name(c.pdtype), dtype_name(c.gdtype),
                corr, dtype_name(c.scale), worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
@@ -363,10 +368,11 @@ static void test_flash_parity(void) {
         cfg.nesterov = k == 3;
         int equal = 0;
         double worst = optimizer_parity(kinds[k], cfg, BNB8_BF16, BNB8_BF16, sizes, steps(100), &equal, NULL, NULL, 1, 0.1f, 4096);
-        printf("    %-12s flash p bf16 g bf16 ecc int8  with 8-bit blocks of 4096: %s\n", optimizer_names[kinds[k]],
+        const char *name = flash_kind_name(kinds[k], cfg.nesterov);
+        printf("    %-12s flash p bf16 g bf16 ecc int8  with 8-bit blocks of 4096: %s\n", name,
                worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
         EXPECT(worst == 0.0 && equal, "%s flash among 8-bit blocks of 4096: params differ by %g rel, states or exports %s",
-               optimizer_names[kinds[k]], worst, equal ? "equal" : "differ");
+               name, worst, equal ? "equal" : "differ");
     }
     // Weights near the bottom of bf16's range (1e-36, lr 1e-37): the default configuration's fast
     // path leaves their corrections to the exact one (bnb8_ecc8_value_fast, bnb8_ecc8_code_fast).
