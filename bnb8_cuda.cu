@@ -961,7 +961,8 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
         scales[k] = (uint16_t *)t.scale[k] + base / BNB8_FLASH_GROUP;
     }
     const unsigned o = (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * N;   // this thread's N elements
-    // Rows of 4 as bnb8_flash_chunk's (r: elements o + 4 r ..), loaded 8 at a time.
+    // Rows of 4, as bnb8_flash_chunk's arrays hold them, but consecutive (row r: elements o + 4 r ..);
+    // loaded two rows at a time.
     float p[R][4], g[R][4], s[R][S][4] = {}, scale[S];
     uint32_t bits[R][2], cor[R], codes[S][R];
     // Every load first.
