@@ -512,15 +512,18 @@ BNB8_HD int bnb8_state_signed(int kind, int state) {
 }
 
 // Updates the states s[] of one element in place and returns its update direction u (before the
-// step size): p_new = bnb8_apply(a, p, u, trust). g is the raw gradient, finite.
-BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[3]) {
+// step size): p_new = bnb8_apply(a, p, u, trust). g is the raw gradient, finite. *root: the
+// Adam family's sqrtf(s[1]), which its denominator needs (the GPU's fast codes reuse it); else 0.
+BNB8_HD float bnb8_direction_root(const bnb8_step_args *a, float p, float g, float s[3], float *root) {
     float gs = g * a->gnorm_scale;
     if (a->l2 != 0.0f) gs = gs + a->l2 * p;
+    *root = 0.0f;
     switch (a->kind) {
     case BNB8_ADAMW: case BNB8_ADAM: case BNB8_LAMB:
         s[0] = a->beta1 * s[0] + a->one_minus_beta1 * gs;
         s[1] = a->beta2 * s[1] + a->one_minus_beta2 * (gs * gs);
-        return s[0] / (sqrtf(s[1]) * a->inv_sqrt_bc2 + a->eps);
+        *root = sqrtf(s[1]);
+        return s[0] / (*root * a->inv_sqrt_bc2 + a->eps);
     case BNB8_SGD: case BNB8_LARS:
         if (a->nstates == 0) return gs;
         s[0] = a->first ? gs : a->momentum * s[0] + a->one_minus_dampening * gs;
@@ -542,6 +545,11 @@ BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[
         s[2] = a->beta2 * s[2] + a->one_minus_beta2 * (gs * gs);
         return (s[0] * a->inv_bc1 + a->alpha * s[1]) / (sqrtf(s[2]) * a->inv_sqrt_bc2 + a->eps);
     }
+}
+
+BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[3]) {
+    float root;
+    return bnb8_direction_root(a, p, g, s, &root);
 }
 
 BNB8_HD float bnb8_apply(const bnb8_step_args *a, float p, float u, float trust) {
@@ -710,24 +718,20 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
 // Fast forms of the flash math for the GPU's default configuration (bf16 weights, int8
 // corrections): each gives the exact function's result, or clears *ok where it cannot vouch for
 // it (then the caller uses the exact function). Shared, so that the CPU tests hold them to the
-// exact ones. The reciprocal and the reciprocal square root may be the GPU's approximations,
-// within 1 and 2 ulp of the correctly rounded value (CUDA's documented bounds; test_gpu measures
-// them on the device). A code is kept only when its w is at least BNB8_NEAR_CODE away from a
-// tie: over 2.5x what the approximations and both sides' roundings can move it (2^-13.3 for
-// 127 y, 2^-12.4 for 255 z).
+// exact ones. The reciprocal may be the GPU's approximation, within 1 ulp of the correctly
+// rounded value (CUDA's documented bound; test_gpu measures it on the device). A code is kept
+// only when its w is at least BNB8_NEAR_CODE away from a tie: over 2.5x what the approximation
+// and both sides' roundings can move it (2^-13.3 for 127 y, less for 255 z).
 #define BNB8_NEAR_CODE 0x1p-11f
 
 #ifndef BNB8_APPROX_TEST
 #ifdef __CUDA_ARCH__
 BNB8_HD float bnb8_rcp_approx(float x) { float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
-BNB8_HD float bnb8_rsqrt_approx(float x) { float r; asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 #else
 BNB8_HD float bnb8_rcp_approx(float x) { return 1.0f / x; }
-BNB8_HD float bnb8_rsqrt_approx(float x) { return 1.0f / sqrtf(x); }
 #endif
-#else   // the test defines them, with the worst errors allowed
+#else   // the test defines it, with the worst errors allowed
 float bnb8_rcp_approx(float x);
-float bnb8_rsqrt_approx(float x);
 #endif
 
 // The int8 correction table entry of code q: its unit, and -0 for q = 0 (x + -0 is x, even -0).
@@ -775,14 +779,10 @@ BNB8_HD uint32_t bnb8_compand_signed_fast(float x, float r254, int *ok) {
     return bnb8_code_round(z * bnb8_rcp_approx(fmaf(fabsf(z), 1.0f / 254.0f, 1.0f)), ok);
 }
 
-// bnb8_compand_value(v, scale, 0) for sqrt(v) <= scale, from r255 = 255 * bnb8_compand_rcp(scale):
-// 255 sqrt(v) / scale; code 0 for v not > 0. Vouched for v >= 2^-126 (else the approximation may
-// flush it).
-BNB8_HD uint32_t bnb8_compand_unsigned_fast(float v, float r255, int *ok) {
-    int positive = v > 0.0f, good = v >= 0x1p-126f;
-    uint32_t c = bnb8_code_round((v * bnb8_rsqrt_approx(v)) * r255, &good);
-    *ok &= !positive || good;
-    return positive ? c : 0u;
+// bnb8_compand_value(v, scale, 0) from root = sqrtf(v) (v >= 0, or not finite), for root <= scale,
+// from r255 = 255 * bnb8_compand_rcp(scale): 255 root / scale. The exact code's m is that root.
+BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
+    return bnb8_code_round(root * r255, ok);
 }
 
 // ------------------------------------------------------------------------------------------------

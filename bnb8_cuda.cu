@@ -916,8 +916,9 @@ __device__ __noinline__ unsigned bnb8_flash_chunk_exact(bnb8_update_smem &sm, in
     return bad;
 }
 
-// The codes of a row of 4 state values in a group of stored scale s: the fast code where it is
-// vouched for, else the exact one. Out of line: rows that need it are rare (BNB8_NEAR_CODE).
+// The codes of a row of 4 state values in a group of stored scale s (an unsigned state's values
+// as their square roots): the fast code where it is vouched for, else the exact one. Out of line:
+// rows that need it are rare (BNB8_NEAR_CODE).
 __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, float x0, float x1, float x2, float x3) {
     const float x[4] = {x0, x1, x2, x3};
     int scale_ok = 1;
@@ -927,8 +928,10 @@ __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, 
     for (int j = 0; j < 4; j++) {
         int ok = scale_ok;
         uint32_t c = is_signed ? bnb8_compand_signed_fast(x[j], 254.0f * r, &ok)
-                               : bnb8_compand_unsigned_fast(x[j], 255.0f * r, &ok);
-        if (!ok) c = bnb8_compand_value(x[j], scale, is_signed);
+                               : bnb8_compand_root_fast(x[j], 255.0f * r, &ok);
+        // bnb8_compand_code reads an unsigned value only for its finiteness, which its root shares,
+        // and takes the root as its magnitude m.
+        if (!ok) c = bnb8_compand_code(x[j], is_signed ? fabsf(x[j]) : x[j], scale, is_signed);
         q |= c << (8 * j);
     }
     return q;
@@ -1012,12 +1015,14 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             ok &= bnb8_isfinite(g[r][j]);
-            float sk[3] = {0.0f, 0.0f, 0.0f};
+            float sk[3] = {0.0f, 0.0f, 0.0f}, root;
             #pragma unroll
             for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
-            pn[j] = bnb8_apply(&args, p[r][j], bnb8_direction(&args, p[r][j], g[r][j], sk), trust);
+            pn[j] = bnb8_apply(&args, p[r][j], bnb8_direction_root(&args, p[r][j], g[r][j], sk, &root), trust);
+            // The unsigned state (the Adam family's second moment) is kept as its square root,
+            // which its group's scale and its code need and the direction computed already.
             #pragma unroll
-            for (int k = 0; k < S; k++) s[r][k][j] = sk[k];
+            for (int k = 0; k < S; k++) s[r][k][j] = bnb8_state_signed(KIND, k) ? sk[k] : root;
         }
         nc[r] = 0;
         #pragma unroll
@@ -1031,19 +1036,21 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
     }
     // The states: per group of 32 (LANES lanes), the scale and the codes. A non-finite value (the
     // group's max would be inf: fmaxf skips NaN) sends the warp to the exact path, which leaves it out.
+    static_assert(KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION,
+                  "an unsigned state here is the Adam family's second moment, held as its root");
     uint32_t q[S][R], sc[S];
     #pragma unroll
     for (int k = 0; k < S; k++) {
         if (k >= nstates) continue;
         const int is_signed = bnb8_state_signed(KIND, k);
-        float amax = 0.0f;              // of |x| (signed), of x itself (unsigned: sqrtf is monotonic)
+        float amax = 0.0f;              // of |x| (signed), of the roots (unsigned): the magnitudes
         #pragma unroll
         for (int r = 0; r < R; r++)
             #pragma unroll
             for (int j = 0; j < 4; j++) amax = fmaxf(amax, is_signed ? fabsf(s[r][k][j]) : s[r][k][j]);
         amax = bnb8_group_max<LANES>(amax);
         ok &= bnb8_isfinite(amax);
-        const float scale_k = bnb8_scale_round_up(is_signed ? amax : sqrtf(amax), BNB8_BF16);
+        const float scale_k = bnb8_scale_round_up(amax, BNB8_BF16);
         const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
         sc[k] = bnb8_f32_bits(scale_k) >> 16;
         #pragma unroll
@@ -1053,7 +1060,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
             #pragma unroll
             for (int j = 0; j < 4; j++)
                 w |= (is_signed ? bnb8_compand_signed_fast(s[r][k][j], rc, &vouched)
-                                : bnb8_compand_unsigned_fast(s[r][k][j], rc, &vouched)) << (8 * j);
+                                : bnb8_compand_root_fast(s[r][k][j], rc, &vouched)) << (8 * j);
             if (!vouched) w = bnb8_compand_redo4(scale_k, is_signed, s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
             q[k][r] = w;
         }
