@@ -317,15 +317,15 @@ static void test_optimizer_parity(void) {
 
 static const char *dtype_name(bnb8_dtype d) { return d == BNB8_F32 ? "f32" : d == BNB8_BF16 ? "bf16" : "f16"; }
 
-// Flash states (SPEC §6): AdamW, Adam (L2), SGD with momentum (nesterov off and on), Lion; weights
-// f32, and bf16 / f16 with no, int8 and int16 correction; bf16 scales; then fp16 gradients, and
-// f16 / f32 scales, on AdamW. min_8bit_size 0 makes every tensor flash (every tail group) except
-// "t3", whose 32-bit states keep the correction of narrow weights.
 // A flash kind's name, SGD's with its momentum form.
 static const char *flash_kind_name(bnb8_optim kind, int nesterov) {
     return kind != BNB8_SGD ? optimizer_names[kind] : nesterov ? "SGD nesterov" : "SGD momentum";
 }
 
+// Flash states (SPEC §6): AdamW, Adam (L2), SGD with momentum (nesterov off and on), Lion; weights
+// f32, and bf16 / f16 with no, int8 and int16 correction; bf16 scales; then fp16 gradients, and
+// f16 / f32 scales, on AdamW. min_8bit_size 0 makes every tensor flash (every tail group) except
+// "t3", whose 32-bit states keep the correction of narrow weights.
 static void test_flash_parity(void) {
     std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     typedef struct { bnb8_optim kind; int nesterov; bnb8_dtype pdtype, gdtype; int correction; bnb8_dtype scale; } flash_case;
