@@ -55,6 +55,11 @@ template <int R> __device__ int64_t bnb8_offset(int r) {
 #define BNB8_LD(p) __ldcs(p)
 #define BNB8_ST(p, v) __stcs((p), (v))
 #endif
+// Asks L2 for the line holding x: a line of the next chunk of a run (bnb8_update_kernel), while
+// this one computes, so that the warp's next loads wait for L2 rather than memory. A hint: nothing
+// waits for it and no register holds it (prefetching through shared memory or registers spilled).
+__device__ void bnb8_prefetch(const void *x) { asm volatile("prefetch.global.L2 [%0];" :: "l"(x)); }
+
 __device__ void bnb8_load4(const void *x, int dtype, int64_t i, int64_t n, bool vec, float v[4]) {
     if (vec && i + 4 <= n) {
         if (dtype == BNB8_F32) {
@@ -630,10 +635,12 @@ template <int KIND> __device__ bnb8_step_args bnb8_args_of(const bnb8_gpu_tensor
 
 // One chunk of R rows at element base of the tensor in sm.t. FULL: the whole chunk lies inside
 // the tensor and its arrays allow vector accesses (every chunk but a tensor's last, normally).
+// next (FULL only): the chunk after it is a full one of the tensor; its lines are asked of L2 once
+// this chunk's loads are out (bnb8_prefetch).
 // PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
 // of each state into tmax; BNB8_PASS_STORE stores everything, the codes under tmax's absmax.
 template <int R, int KIND, bool FULL, int PASS>
-__device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_unsigned, int zero_signed,
+__device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next, int zero_unsigned, int zero_signed,
                                   unsigned &bad, unsigned *tmax) {
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n;
@@ -661,6 +668,17 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, int zero_u
             if (!eight_bit) { bnb8_load4(t.state[k], BNB8_F32, i, FULL ? INT64_MAX : n, vec, s[r][k]); continue; }
             c[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, FULL ? INT64_MAX : n, vec);
             scale[k][r] = FULL || i < n ? BNB8_LD(&t.absmax[k][i >> shift]) : 0.0f;
+        }
+    }
+    if (FULL && next) {          // the same elements of the next chunk (a full one of this tensor)
+        const int64_t ps = t.param_dtype == BNB8_F32 ? 4 : 2, gs = t.grad_dtype == BNB8_F32 ? 4 : 2, ss = eight_bit ? 1 : 4;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int64_t i = base + R * BNB8_ROW + bnb8_offset<R>(r);
+            bnb8_prefetch((const char *)t.param + i * ps);
+            bnb8_prefetch((const char *)t.grad + i * gs);
+            #pragma unroll
+            for (int k = 0; k < S; k++) if (k < nstates) bnb8_prefetch((const char *)t.state[k] + i * ss);
         }
     }
     if (eight_bit) {
@@ -944,9 +962,10 @@ __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, 
 // whole warp through bnb8_flash_chunk_exact before anything is stored. A lane holds 4 R consecutive
 // elements of its warp's R * 128 (the exact chunk's share of the warp), so that a group of 32 is
 // 32 / (4 R) lanes: one scale per lane and state, 16-byte accesses. The chunk's arrays are
-// addressed from its first element (block-uniform) plus the thread's 32-bit offset.
+// addressed from its first element (block-uniform) plus the thread's 32-bit offset. next: as
+// bnb8_update_chunk's.
 template <int R, int KIND>
-__device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
+__device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
     const bnb8_gpu_tensor &t = sm.t;
     const bnb8_flash_smem &fs = bnb8_flash_tables;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
@@ -988,6 +1007,13 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
     }
     #pragma unroll
     for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_bf16_to_f32(scales[k][o / BNB8_FLASH_GROUP]) : 0.0f;
+    if (next) {                  // the same elements of the next chunk (a full one of this tensor)
+        bnb8_prefetch(param + o + R * BNB8_ROW);
+        bnb8_prefetch(grad + o + R * BNB8_ROW);
+        bnb8_prefetch(corr + o + R * BNB8_ROW);
+        #pragma unroll
+        for (int k = 0; k < S; k++) if (k < nstates) bnb8_prefetch(state[k] + o + R * BNB8_ROW);
+    }
     // The masters and the expanded states (code 0's unit is 0: its value 0 whatever a finite scale).
     int ok = 1;
     #pragma unroll
@@ -1083,7 +1109,8 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, unsign
 // count consecutive full chunks of a default flash tensor from element base.
 template <int R, int KIND>
 __device__ void bnb8_flash_run_fast(bnb8_update_smem &sm, int64_t base, int64_t count, unsigned &bad) {
-    for (int64_t chunk = 0; chunk < count; chunk++) bnb8_flash_chunk_fast<R, KIND>(sm, base + chunk * (R * BNB8_ROW), bad);
+    for (int64_t chunk = 0; chunk < count; chunk++)
+        bnb8_flash_chunk_fast<R, KIND>(sm, base + chunk * (R * BNB8_ROW), chunk + 1 < count, bad);
 }
 
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
@@ -1163,11 +1190,11 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
         unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
         if (full && RUN) {
             for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                bnb8_update_chunk<R, KIND, true, PASS>(sm, base, zero_unsigned, zero_signed, bad, tmax);
+                bnb8_update_chunk<R, KIND, true, PASS>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
             chunk--;
         }
-        else if (full) bnb8_update_chunk<R, KIND, true, PASS>(sm, base, zero_unsigned, zero_signed, bad, tmax);
-        else bnb8_update_chunk<R, KIND, false, PASS>(sm, base, zero_unsigned, zero_signed, bad, tmax);
+        else if (full) bnb8_update_chunk<R, KIND, true, PASS>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+        else bnb8_update_chunk<R, KIND, false, PASS>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
     }
     for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
     if (threadIdx.x % 32 == 0 && bad) atomicAdd(nonfinite, (unsigned long long)bad);
