@@ -55,9 +55,9 @@ template <int R> __device__ int64_t bnb8_offset(int r) {
 #define BNB8_LD(p) __ldcs(p)
 #define BNB8_ST(p, v) __stcs((p), (v))
 #endif
-// Asks L2 for the line holding x: a line of the next chunk of a run (bnb8_update_kernel), while
-// this one computes, so that the warp's next loads wait for L2 rather than memory. A hint: nothing
-// waits for it and no register holds it (prefetching through shared memory or registers spilled).
+// Asks L2 for the line holding x: a line of the block's next chunk, while this one computes, so
+// that the warp's next loads wait for L2 rather than memory. A hint: nothing waits for it and no
+// register holds it (prefetching through shared memory or registers spilled).
 __device__ void bnb8_prefetch(const void *x) { asm volatile("prefetch.global.L2 [%0];" :: "l"(x)); }
 
 __device__ void bnb8_load4(const void *x, int dtype, int64_t i, int64_t n, bool vec, float v[4]) {
@@ -190,15 +190,22 @@ static int bnb8_rows_for(int64_t blocksize) { return blocksize > 2 * BNB8_ROW ? 
 // Block-wise quantization: a persistent grid over chunks.
 
 // One chunk of R rows at element base. FULL: the chunk lies inside n and the arrays allow vector
-// accesses (no bounds tests).
+// accesses (no bounds tests). next >= 0 (FULL only): the block's next chunk, a full one, starts
+// at element next; its lines are asked of L2 once this chunk's loads are out (bnb8_prefetch), at 4
+// rows (blocks of 4096: 6% faster on an H200; at 2 rows, with more blocks per SM, 2% slower).
 template <int R, bool FULL>
 __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, const void *x, int dtype, int64_t n,
-                                    bool vec, int64_t base, int64_t blocksize, uint8_t *q, float *absmax,
-                                    float *scratch, unsigned &bad) {
+                                    bool vec, int64_t base, int64_t next, int64_t blocksize, uint8_t *q,
+                                    float *absmax, float *scratch, unsigned &bad) {
     const int64_t end = FULL ? INT64_MAX : n;
     float v[R][4], amax[R], check = 0.0f;
     #pragma unroll
     for (int r = 0; r < R; r++) bnb8_load4(x, dtype, base + bnb8_offset<R>(r), end, FULL || vec, v[r]);
+    if (FULL && R == 4 && next >= 0) {
+        const int64_t size = dtype == BNB8_F32 ? 4 : 2;
+        #pragma unroll
+        for (int r = 0; r < R; r++) bnb8_prefetch((const char *)x + (next + bnb8_offset<R>(r)) * size);
+    }
     // The max of |v| over all values, and check = sum of v * 0: NaN exactly when some value is
     // not finite (rare); then the max again over the finite ones, and their count.
     #pragma unroll
@@ -255,11 +262,12 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *b
     unsigned bad = 0;
     int64_t chunks = (n + (int64_t)R * BNB8_ROW - 1) / ((int64_t)R * BNB8_ROW);
     for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-        int64_t base = chunk * R * BNB8_ROW;
+        int64_t base = chunk * R * BNB8_ROW, next = base + gridDim.x * (int64_t)(R * BNB8_ROW);
         if (vec && base + R * BNB8_ROW <= n)
-            bnb8_quantize_chunk<R, true>(cb, zero_code, x, dtype, n, vec, base, blocksize, q, absmax, scratch, bad);
+            bnb8_quantize_chunk<R, true>(cb, zero_code, x, dtype, n, vec, base, next + R * BNB8_ROW <= n ? next : -1,
+                                         blocksize, q, absmax, scratch, bad);
         else
-            bnb8_quantize_chunk<R, false>(cb, zero_code, x, dtype, n, vec, base, blocksize, q, absmax, scratch, bad);
+            bnb8_quantize_chunk<R, false>(cb, zero_code, x, dtype, n, vec, base, -1, blocksize, q, absmax, scratch, bad);
     }
     if (nonfinite) {
         for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
@@ -286,6 +294,11 @@ bnb8_dequantize_kernel(const uint8_t *q, const float *absmax, int64_t n, const f
             int64_t i = chunk * R * BNB8_ROW + bnb8_offset<R>(r);
             w[r] = bnb8_load_codes4(q, i, n, vec);
             a[r] = i < n ? absmax[i >> shift] : 0.0f;
+        }
+        const int64_t next = (chunk + gridDim.x) * R * BNB8_ROW;   // the block's next chunk, if full
+        if (next + R * BNB8_ROW <= n) {
+            #pragma unroll
+            for (int r = 0; r < R; r++) bnb8_prefetch(q + next + bnb8_offset<R>(r));
         }
         #pragma unroll
         for (int r = 0; r < R; r++) {
