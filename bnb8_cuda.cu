@@ -1025,7 +1025,11 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         bnb8_prefetch(grad + o + R * BNB8_ROW);
         bnb8_prefetch(corr + o + R * BNB8_ROW);
         #pragma unroll
-        for (int k = 0; k < S; k++) if (k < nstates) bnb8_prefetch(state[k] + o + R * BNB8_ROW);
+        for (int k = 0; k < S; k++)
+            if (k < nstates) {
+                bnb8_prefetch(state[k] + o + R * BNB8_ROW);
+                bnb8_prefetch(scales[k] + (o + R * BNB8_ROW) / BNB8_FLASH_GROUP);   // a line per chunk at 2 rows
+            }
     }
     // The masters and the expanded states (code 0's unit is 0: its value 0 whatever a finite scale).
     int ok = 1;
