@@ -1123,13 +1123,6 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         if (k < nstates && o % BNB8_FLASH_GROUP == 0) scales[k][o / BNB8_FLASH_GROUP] = (uint16_t)sc[k];
 }
 
-// count consecutive full chunks of a default flash tensor from element base.
-template <int R, int KIND>
-__device__ void bnb8_flash_run_fast(bnb8_update_smem &sm, int64_t base, int64_t count, unsigned &bad) {
-    for (int64_t chunk = 0; chunk < count; chunk++)
-        bnb8_flash_chunk_fast<R, KIND>(sm, base + chunk * (R * BNB8_ROW), chunk + 1 < count, bad);
-}
-
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
 // shared math's switch folds away.
 // FLASH: the launch holds flash tensors or corrected weights (only the kinds with a flash form).
@@ -1196,8 +1189,9 @@ bnb8_update_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, co
         if constexpr (FLASH) {
             if (sm.t.format == BNB8_STATE_FLASH || sm.t.correction_bytes) {
                 if (full && sm.def) {
-                    bnb8_flash_run_fast<R, KIND>(sm, base, run_end - chunk, bad);
-                    chunk = run_end - 1;
+                    for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                        bnb8_flash_chunk_fast<R, KIND>(sm, base, chunk + 1 < run_end, bad);
+                    chunk--;
                 }
                 else if (full) bnb8_flash_chunk<R, KIND, true, false>(sm, base, bad);
                 else bnb8_flash_chunk<R, KIND, false, false>(sm, base, bad);
