@@ -2,6 +2,7 @@
 bench_gpu.cu — `make bench`: times bnb8's kernels on the GPU against the copy bandwidth measured in
 the same run (SPEC §10). CUDA events, 3 warm-ups, median of 20, buffers far larger than L2, random
 data made on the GPU (never zeros). Prints ms per 1e9 elements, GB/s and % of copy bandwidth.
+`bench_gpu NAME` runs the benchmarks whose name holds NAME; `bench_gpu order` the walk-order study.
 */
 #include "bnb8.h"
 #include <cuda_runtime.h>
@@ -173,6 +174,134 @@ static void bench_optimizer(const optimizer_row &row, const std::vector<int64_t>
     settle_after_free();
 }
 
+// ------------------------------------------------------------------------------------------------
+// The walk order (only when asked: `bench_gpu order`). Does the order in which CUDA blocks walk
+// memory change the bandwidth a streaming kernel gets? The traffic of three bnb8 kernels with no
+// arithmetic (dequantize: 1 byte in, 4 out; 8-bit AdamW: 10 in, 6 out; flash AdamW: 7 in, 5 out,
+// per element) over tiles of 2048 elements (256 threads x 2 x 16 bytes of the widest array):
+//   oneshot K   a block per K consecutive tiles, blocks launched in order
+//   range       one wave of blocks, each walking a contiguous range of its own
+//   stride      one wave, block b taking tiles b, b + grid, b + 2 grid, ...
+//   atomic G    one wave, each block taking the next G tiles from a counter when it is free
+
+#define TILE_VECTORS 2                           // 16-byte accesses of the widest array per thread and tile
+struct arrays { char *a[5]; int64_t n4; float s; };   // n4: elements / 4
+
+enum { MIX_DEQUANT, MIX_ADAM8, MIX_FLASH };
+
+// Tile t of a mix: every load of the tile, then every store.
+template <int MIX> __device__ void tile(const arrays &x, int64_t t) {
+    const int64_t first = t * 256 * TILE_VECTORS + threadIdx.x;
+    const float s = x.s;
+    if (MIX == MIX_DEQUANT) {                    // (n) codes -> (n) floats
+        const uint32_t *q = (const uint32_t *)x.a[0];
+        float4 *out = (float4 *)x.a[1];
+        uint32_t w[TILE_VECTORS];
+        for (int u = 0; u < TILE_VECTORS; u++) w[u] = __ldcs(q + first + u * 256);
+        for (int u = 0; u < TILE_VECTORS; u++)
+            __stcs(out + first + u * 256, make_float4((w[u] & 255) * s, ((w[u] >> 8) & 255) * s, ((w[u] >> 16) & 255) * s, (w[u] >> 24) * s));
+    } else if (MIX == MIX_ADAM8) {               // p, g floats; m, v codes
+        float4 *p = (float4 *)x.a[0];
+        const float4 *g = (const float4 *)x.a[1];
+        uint32_t *m = (uint32_t *)x.a[2], *v = (uint32_t *)x.a[3];
+        float4 pv[TILE_VECTORS], gv[TILE_VECTORS];
+        uint32_t mv[TILE_VECTORS], vv[TILE_VECTORS];
+        for (int u = 0; u < TILE_VECTORS; u++) {
+            int64_t i = first + u * 256;
+            pv[u] = __ldcs(p + i); gv[u] = __ldcs(g + i); mv[u] = __ldcs(m + i); vv[u] = __ldcs(v + i);
+        }
+        for (int u = 0; u < TILE_VECTORS; u++) {
+            int64_t i = first + u * 256;
+            __stcs(p + i, make_float4(pv[u].x - s * gv[u].x, pv[u].y - s * gv[u].y, pv[u].z - s * gv[u].z, pv[u].w - s * gv[u].w));
+            __stcs(m + i, mv[u] ^ vv[u]);
+            __stcs(v + i, mv[u] + vv[u]);
+        }
+    } else {                                     // p, g bf16; correction, m, v bytes
+        uint2 *p = (uint2 *)x.a[0];
+        uint32_t *c = (uint32_t *)x.a[1];
+        const uint2 *g = (const uint2 *)x.a[2];
+        uint32_t *m = (uint32_t *)x.a[3], *v = (uint32_t *)x.a[4];
+        uint2 pv[TILE_VECTORS], gv[TILE_VECTORS];
+        uint32_t cv[TILE_VECTORS], mv[TILE_VECTORS], vv[TILE_VECTORS];
+        for (int u = 0; u < TILE_VECTORS; u++) {
+            int64_t i = first + u * 256;
+            pv[u] = __ldcs(p + i); gv[u] = __ldcs(g + i); cv[u] = __ldcs(c + i); mv[u] = __ldcs(m + i); vv[u] = __ldcs(v + i);
+        }
+        for (int u = 0; u < TILE_VECTORS; u++) {
+            int64_t i = first + u * 256;
+            __stcs(p + i, make_uint2(pv[u].x ^ gv[u].x, pv[u].y + gv[u].y));
+            __stcs(c + i, cv[u] + 1);
+            __stcs(m + i, mv[u] ^ vv[u]);
+            __stcs(v + i, mv[u] + vv[u]);
+        }
+    }
+}
+
+template <int MIX> __global__ void __launch_bounds__(256) oneshot_kernel(arrays x, int64_t tiles, int k) {
+    for (int64_t t = blockIdx.x * (int64_t)k; t < (blockIdx.x + 1) * (int64_t)k && t < tiles; t++) tile<MIX>(x, t);
+}
+template <int MIX> __global__ void __launch_bounds__(256) range_kernel(arrays x, int64_t tiles) {
+    int64_t per = (tiles + gridDim.x - 1) / gridDim.x, begin = blockIdx.x * per, end = begin + per < tiles ? begin + per : tiles;
+    for (int64_t t = begin; t < end; t++) tile<MIX>(x, t);
+}
+template <int MIX> __global__ void __launch_bounds__(256) stride_kernel(arrays x, int64_t tiles) {
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) tile<MIX>(x, t);
+}
+template <int MIX> __global__ void __launch_bounds__(256) atomic_kernel(arrays x, int64_t tiles, unsigned long long *taken, int g) {
+    __shared__ int64_t grab[2];
+    for (int grabs = 0;; grabs++) {
+        if (threadIdx.x == 0) grab[grabs & 1] = (int64_t)atomicAdd(taken, (unsigned long long)g);
+        __syncthreads();
+        const int64_t first = grab[grabs & 1];
+        if (first >= tiles) break;
+        for (int64_t t = first; t < first + g && t < tiles; t++) tile<MIX>(x, t);
+    }
+}
+
+template <int MIX> static void bench_order_mix(const char *what, const arrays &x, int64_t n, double bytes_per_element,
+                                               unsigned long long *taken, int sms) {
+    const int64_t tiles = x.n4 / (256 * TILE_VECTORS);
+    char layout[32];
+    for (int k : {1, 4, 16, 64}) {
+        snprintf(layout, sizeof layout, "oneshot K%d", k);
+        report(what, layout, time_ms([&] { oneshot_kernel<MIX><<<(tiles + k - 1) / k, 256>>>(x, tiles, k); }), n, bytes_per_element, "-");
+    }
+    for (int per_sm : {3, 8}) {
+        snprintf(layout, sizeof layout, "range x%d", per_sm);
+        report(what, layout, time_ms([&] { range_kernel<MIX><<<sms * per_sm, 256>>>(x, tiles); }), n, bytes_per_element, "-");
+        snprintf(layout, sizeof layout, "stride x%d", per_sm);
+        report(what, layout, time_ms([&] { stride_kernel<MIX><<<sms * per_sm, 256>>>(x, tiles); }), n, bytes_per_element, "-");
+        for (int g : {1, 4, 16}) {
+            snprintf(layout, sizeof layout, "atomic x%d G%d", per_sm, g);
+            report(what, layout, time_ms([&] {
+                CUDA_CHECK(cudaMemsetAsync(taken, 0, sizeof *taken));
+                atomic_kernel<MIX><<<sms * per_sm, 256>>>(x, tiles, taken, g);
+            }), n, bytes_per_element, "-");
+        }
+    }
+}
+
+static void bench_order(void) {
+    const int64_t n = 1ll << 28;                 // elements: every array far larger than L2
+    arrays x;
+    x.n4 = n / 4;
+    x.s = 0.1f;
+    for (int i = 0; i < 5; i++) {
+        CUDA_CHECK(cudaMalloc(&x.a[i], (size_t)n * 4));
+        fill_random(x.a[i], BNB8_F32, n, 1.0f);
+    }
+    unsigned long long *taken;
+    CUDA_CHECK(cudaMalloc(&taken, sizeof *taken));
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    bench_order_mix<MIX_DEQUANT>("walk order: dequantize traffic", x, n, 5.0, taken, sms);
+    bench_order_mix<MIX_ADAM8>("walk order: 8-bit AdamW traffic", x, n, 16.0, taken, sms);
+    bench_order_mix<MIX_FLASH>("walk order: flash AdamW traffic", x, n, 12.0, taken, sms);
+    for (int i = 0; i < 5; i++) cudaFree(x.a[i]);
+    cudaFree(taken);
+    settle_after_free();
+}
+
 static const char *only;                     // argv[1]: run only the benchmarks whose name holds it
 static bool wanted(const char *name) { return !only || strstr(name, only); }
 
@@ -190,6 +319,7 @@ int main(int argc, char **argv) {
     printf("| %-34s | %-12s | %8s | %7s | %6s | %6s | %-10s |\n", "kernel", "layout", "ms/1e9", "GB/s", "% copy", "floor", "target");
     printf("|%s|%s|%s|%s|%s|%s|%s|\n", "------------------------------------", "--------------", "----------",
            "---------", "--------", "--------", "------------");
+    if (only && strcmp(only, "order") == 0) { bench_order(); return 0; }
     if (wanted("quantize")) bench_quantize();
     std::vector<int64_t> one = {1ll << 28}, xl = gpt2_xl_sizes();
     // Bytes per element: 8-bit fp32 p r/w 8 + g 4 + m, v r/w 4; 32-bit p 8 + g 4 + m, v 16; flash
