@@ -250,8 +250,17 @@ __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, cons
     }
 }
 
+// On GPUs with 2048 threads per SM, 8 blocks per SM (32 registers, no spills; 40 and 6 blocks
+// without the bound): quantize 1.5% (blocks of 4096) and 4.5% (256) faster on an H200. Elsewhere
+// (1024 or 1536 threads per SM) the registers do not limit the blocks, and ptxas would warn.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 900 || \
+                               __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
+#define BNB8_QUANTIZE_BLOCKS_PER_SM 8
+#else
+#define BNB8_QUANTIZE_BLOCKS_PER_SM 1
+#endif
 template <int R>
-__global__ void __launch_bounds__(BNB8_THREADS)
+__global__ void __launch_bounds__(BNB8_THREADS, BNB8_QUANTIZE_BLOCKS_PER_SM)
 bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *book, int64_t blocksize,
                      uint8_t *q, float *absmax, unsigned long long *nonfinite) {
     __shared__ __align__(16) bnb8_codebook cb;
