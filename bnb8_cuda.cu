@@ -1173,7 +1173,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     int ti = first;
     // The chunks are handed out in order to whichever block asks next, up to BNB8_GRAB at a time
     // (a counter in the header): the chunks in flight on the GPU then lie close together in memory,
-    // which DRAM serves faster than each block walking a range of its own (dev/bench/order_gpu.cu;
+    // which DRAM serves faster than each block walking a range of its own (`bench_gpu order`;
     // this kernel got 3-5% faster on an H200). Grabs shrink toward the end, to a quarter of what
     // each block would have left after its last, so that the blocks end together. A block's
     // chunks only grow.
