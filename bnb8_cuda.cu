@@ -616,8 +616,9 @@ __global__ void bnb8_percentile_kernel(const bnb8_step_header *h, const bnb8_gpu
 // The update. Each CUDA block takes up to BNB8_GRAB consecutive chunks at a time, so the tensor it
 // works on changes at most once a grab; the tensor's descriptor and its per-step constants sit in
 // shared memory. Per chunk, every global load (p, g, state codes or floats, absmax) is issued
-// before any of them is used, so a chunk waits for memory once; then the update in float32 with the shared
-// math, the new p, and for 8-bit states the block's new absmax and the codes of the fresh values.
+// before any of them is used, so a chunk waits for memory once; then the update in float32 with
+// the shared math, the new p, and for 8-bit states the block's new absmax and the codes of the
+// fresh values.
 // Dynamic shared memory (above the 48 KB static limit): the unsigned and signed codebooks, both
 // maps for dequantization, the current tensor.
 struct bnb8_update_smem {
