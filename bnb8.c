@@ -1,6 +1,7 @@
 /*
 bnb8.c — the CPU back end: maps, block-wise quantization, optimizers (OpenMP), files.
-See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU bit for bit.
+See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU bit for bit
+(DESIGN.md §2).
 */
 #define _POSIX_C_SOURCE 200809L   // fsync, fileno
 #include "bnb8.h"
@@ -76,7 +77,7 @@ static int bnb8_check_dtype(const char *fn, bnb8_dtype dtype) {
 
 // bitsandbytes builds the dynamic maps with float32 linspace, whose rounding differs from the exact
 // formula 10^(i-6) (0.1 + 0.9 (2k+1)/2^(i+1)) by up to 2 ulp in some entries. These are the values
-// its users get (float32 bit patterns, index = stored byte); test/test_bnb8.c checks them against
+// its users get (float32 bit patterns, index = stored byte); test/test_quant.c checks them against
 // the golden files and against the exact formula.
 static const uint32_t bnb8_dynamic_signed_bits[256] = {
     0xbf7e3333, 0xbf7a999a, 0xbf770000, 0xbf736666, 0xbf6fcccd, 0xbf6c3333, 0xbf68999a, 0xbf650000,
@@ -295,7 +296,8 @@ int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int6
 }
 
 // ------------------------------------------------------------------------------------------------
-// FlashOptim arrays (SPEC §6.1, §6.2): the per-element functions of bnb8.h over whole arrays
+// Master weight correction and companded states as arrays (DESIGN.md §6.1, §6.2): the per-element
+// functions of bnb8.h over whole arrays
 
 static int bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t n, bnb8_dtype narrow,
                           const void *corr, int corr_bytes) {
@@ -333,7 +335,7 @@ static int bnb8_check_compand(const char *fn, const void *a, const void *b, cons
 }
 
 // Group g of count (<= 32) values x: its scale, the group absmax of the values' magnitudes rounded
-// up, into scales[g], and their codes (SPEC §6.2). The array function and the CPU flash step.
+// up, into scales[g], and their codes (DESIGN.md §6.2). The array function and the CPU flash step.
 static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb8_dtype scale_dtype, void *scales,
                                int64_t g, uint8_t *codes) {
     float m[BNB8_FLASH_GROUP], amax = 0.0f;
@@ -446,7 +448,7 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
     return c;
 }
 
-// The optimizers with a flash form (SPEC §6.3).
+// The optimizers with a flash form (DESIGN.md §5.1).
 static int bnb8_flash_kind(bnb8_optim kind) {
     return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION;
 }
@@ -693,7 +695,7 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
     return m;
 }
 
-// Export and import of the fp32 master (SPEC §6.5). GPU tensors go through host copies and the same
+// Export and import of the fp32 master (DESIGN.md §6.5). GPU tensors go through host copies and the same
 // CPU functions, so the result does not depend on the device.
 int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
     const char *fn = "bnb8_optimizer_export_fp32";
@@ -817,7 +819,7 @@ static float bnb8_trust_cpu(const bnb8_tensor *t, const bnb8_step_args *a) {
     return bnb8_trust_ratio(a->max_unorm, (float)p2, (float)u2);
 }
 
-// One flash step of a CPU tensor (SPEC §6.3), group by group of 32 in the order bnb8.h describes
+// One flash step of a CPU tensor (DESIGN.md §6.3), group by group of 32 in the order bnb8.h describes
 // for both back ends: reconstruct each master weight, expand its states with the group's old
 // scales, update in fp32, store the weight and its correction; then per state the group's new
 // absmax, its stored (rounded-up) scale and the codes against that scale.
@@ -885,7 +887,7 @@ static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust
     if (store) *bad += skipped;
 }
 
-// The codes of count fresh values v of state k under absmax amax (SPEC §5.2 items 4, 5): without
+// The codes of count fresh values v of state k under absmax amax (DESIGN.md §5.2): without
 // dividing where the lookup table allows, else with the exact division.
 static void bnb8_requantize(const bnb8_optimizer *opt, const bnb8_tensor *t, int k, const float *v, int64_t count,
                             float amax, uint8_t *codes) {
@@ -1026,7 +1028,7 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 }
 
 // ------------------------------------------------------------------------------------------------
-// Optimizer state files. Little-endian:
+// Optimizer state files (DESIGN.md §7). Little-endian:
 //   header: "BNB8OPT\0", u32 version, u32 optimizer kind, u32 tensor count, u32 CRC-32 of the above
 //   per tensor: u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
 //               u64 bytes, then the tensor's state memory as it lies (gradient-norm history,

@@ -1,14 +1,37 @@
 /*
-bnb8 — 8-bit optimizers (block-wise dynamic quantization) and FlashOptim memory techniques,
-in plain C with OpenMP (bnb8.c) and CUDA (bnb8_cuda.cu).
+bnb8.h — 8-bit optimizers (block-wise dynamic quantization) and FlashOptim's memory techniques, in
+plain C with OpenMP (bnb8.c) and CUDA (bnb8_cuda.cu). These three files are the whole library.
 
-This header is the whole public API and the per-element math that the CPU and the GPU share:
-every element-wise operation is written once below, as a BNB8_HD function that nvcc compiles for
-the device and a C compiler for the host, so that both back ends give bit-identical results
-(build with -ffp-contract=off on the CPU and -fmad=false on the GPU).
+CONTENTS (search for the tag in brackets)
+  PUBLIC API, stable
+    [api.status]     dtypes, status codes, limits, error messages
+    [api.maps]       quantization maps
+    [api.blockwise]  block-wise quantization and nested absmax
+    [api.config]     optimizer kinds, state formats, maps, bnb8_config
+    [api.optimizer]  the optimizer object: create, add, step, memory, state files, fp32 masters
+    [api.flash]      master weight correction and companded states, as array functions
+    [api.cuda]       GPU twins of the block-wise functions
+  SHARED PER-ELEMENT MATH, internal but shared: bnb8.c and bnb8_cuda.cu both compile it
+    [math.convert]   float <-> bf16 / fp16, loads and stores of any dtype
+    [math.codes]     thresholds, the nearest code, the codebook lookup
+    [math.step]      one optimizer update of one element
+    [math.flash]     master weight correction and companding of one element
+    [math.fast]      the GPU's vouched fast forms of the flash math
+  GPU STEP INTERFACE, internal: between bnb8.c and bnb8_cuda.cu
+    [gpu.step]       one step's tensor descriptors, the launch, memory helpers
 
-Every call that can fail returns a status (0 = ok); bnb8_strerror(status) says what it means and
-bnb8_last_error() names the argument or file that caused it. The library never prints or exits.
+CONVENTIONS (DESIGN.md §1, §2)
+  - A call that can fail returns a status (0 = BNB8_OK): bnb8_strerror(status) says what it means,
+    bnb8_last_error() names the argument or file. The library never prints or exits.
+  - Array functions take the input (each array with its dtype or width), then n, then parameters,
+    then outputs (each with its dtype): n comes 2nd after a plain float input and later after an
+    encoded one (q + absmax, narrow weights + correction); bnb8_compand alone takes its scales'
+    dtype before its outputs. Kept so: the trainer, the tests and the GPU twins use these signatures.
+  - Master weight correction ("correction"): the int8 or int16 per element that makes bf16/fp16
+    weights a near-fp32 master: cfg.correction_bytes, bnb8_memory.correction, and the functions
+    bnb8_ecc_* ("ecc": FlashOptim's "error correction").
+  - CPU and GPU results are bit-identical: both compile the per-element math below. Build with
+    -ffp-contract=off (C) and -fmad=false (nvcc), never with fast-math.
 */
 #ifndef BNB8_H
 #define BNB8_H
@@ -22,12 +45,9 @@ bnb8_last_error() names the argument or file that caused it. The library never p
 extern "C" {
 #endif
 
-// ------------------------------------------------------------------------------------------------
-// Public API
-
+// ==== [api.status] dtypes, status codes, limits, error messages ==================================
 typedef enum { BNB8_F32 = 0, BNB8_F16 = 1, BNB8_BF16 = 2 } bnb8_dtype;
 struct CUstream_st;              // cudaStream_t, for the calls that run on the GPU
-
 enum {
     BNB8_OK = 0,
     BNB8_ERR_NULL,        // a required pointer is NULL
@@ -43,75 +63,54 @@ enum {
     BNB8_NUM_ERRORS
 };
 
-// Sizes: every element count n (and block count) is at most BNB8_MAX_ELEMENTS (2^52, so that no byte
-// count overflows); larger ones, like negative ones, are refused with BNB8_ERR_SIZE. Tensor names
-// are at most BNB8_MAX_NAME bytes (what a state file can hold).
+// Element and block counts: 0..2^52 (no byte count can overflow; DESIGN.md §9), else BNB8_ERR_SIZE.
+// Tensor names: at most BNB8_MAX_NAME bytes (what a state file holds).
 #define BNB8_MAX_ELEMENTS (INT64_C(1) << 52)
 #define BNB8_MAX_NAME 4096
-
 // The meaning of a status code, e.g. "block size is not a power of two in 64..4096".
 const char *bnb8_strerror(int status);
-// The detailed message of the last failed call on this thread (names the argument or file).
+// The message of this thread's last failed call, naming the argument or file.
 const char *bnb8_last_error(void);
-
 // Bytes of one element of dtype (4 or 2), 0 for an unknown dtype.
 size_t bnb8_dtype_size(bnb8_dtype dtype);
 
-// Quantization maps: 256 float32 values sorted ascending in [-1, 1]; the index is the stored byte.
-// Dynamic (tree) map, bit-identical to bitsandbytes' create_dynamic_map (signed or unsigned).
+// ==== [api.maps] maps: 256 floats ascending in [-1, 1], the index is the byte (DESIGN.md §3) =====
+// bitsandbytes' dynamic (tree) map, bit for bit: signed, or unsigned over [0, 1].
 void bnb8_map_dynamic(float code[256], int is_signed);
-// Linear map: signed = 255 evenly spaced values over [-1, 1] with the zero doubled (bitsandbytes'
-// layout), unsigned = 256 evenly spaced values over [0, 1].
+// Linear map: signed, 255 values over [-1, 1] and a second 0 (bitsandbytes'); unsigned, 256 over [0, 1].
 void bnb8_map_linear(float code[256], int is_signed);
-// Quantile map of a sample: its 255 quantiles at offset + j(1 - 2 offset)/254 (offset 1/512) plus
-// 0, divided by the largest quantile magnitude (the map spans [-1, 1]). Non-finite samples are
-// ignored; needs one non-zero quantile.
+// The 255 quantiles of a sample (non-finite values left out) and 0, divided by the largest magnitude.
 int bnb8_map_quantile(const float *x, int64_t n, float code[256]);
 
-// Block-wise quantization: absmax[b] = max |x| over block b (ceil(n/blocksize) blocks, the last
-// may be partial), q[i] = nearest code of x[i] / absmax[b]. blocksize: a power of two, 64..4096.
+// ==== [api.blockwise] block-wise quantization (DESIGN.md §4) =====================================
+// blocksize: a power of two, 64..4096; absmax: ceil(n / blocksize) floats (the last block may be partial).
+// absmax[b] = max |x| over block b; q[i] = the nearest code of x[i] / absmax[b].
 int bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                            int64_t blocksize, uint8_t *q, float *absmax);   /* 0 = ok */
+                            int64_t blocksize, uint8_t *q, float *absmax);
+// As above; NaN and Inf stay out of absmax, get the code of 0 and are counted in *nonfinite (may be NULL).
+int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                               int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite);
 // out[i] = code[q[i]] * absmax[b], computed in float32 and rounded to dtype.
 int bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
                               int64_t blocksize, void *out, bnb8_dtype dtype);
-// As bnb8_quantize_blockwise; NaN and Inf are left out of absmax and given the zero code, and
-// their number is stored in *nonfinite (may be NULL).
-int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                               int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite);
-
-// Nested ("double") quantization of an absmax vector: subtract its mean, quantize it block-wise
-// with the signed dynamic map; q2 has nblocks bytes, absmax2 ceil(nblocks/blocksize) floats.
+// Nested absmax: the mean subtracted, then block-wise with the signed dynamic map; q2 has nblocks
+// bytes, absmax2 ceil(nblocks / blocksize) floats.
 int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
                      float *absmax2, float *mean);
-// Inverse of bnb8_nest_absmax: absmax[i] = code[q2[i]] * absmax2[b] + mean.
+// Its inverse: absmax[i] = code[q2[i]] * absmax2[b] + mean.
 int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
                        int64_t blocksize, float *absmax);
 
-// ------------------------------------------------------------------------------------------------
-// Optimizers (SPEC §5). Update rules, with g' = g * gnorm_scale and t the tensor's step (1-based):
-//   AdamW  p = p(1 - lr wd); m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2; p -= lr/bc1 m/(sqrt(v)/sqrt(bc2) + eps)
-//   Adam   as AdamW with L2 (g' += wd p) instead of decoupled decay
-//   SGD    g' += wd p; buf = g' at t = 1 else mu buf + (1-dampening) g'; p -= lr (nesterov ? g' + mu buf : buf)
-//   Lion   p = p(1 - lr wd); p -= lr sign(b1 m + (1-b1) g'); m = b2 m + (1-b2) g'
-//   RMSprop g' += wd p; s = alpha s + (1-alpha) g'^2; p -= lr g'/(sqrt(s) + eps)
-//   Adagrad g' += wd p; s += g'^2; p -= lr g'/(sqrt(s) + eps)
-//   LAMB / LARS: AdamW / SGD whose update u is scaled by max_unorm |p| / |u| when |u| > max_unorm |p|
-//   AdEMAMix p = p(1 - lr wd); p -= lr (m1/bc1 + alpha m2)/(sqrt(v)/sqrt(bc2) + eps), m2 the slow EMA (beta3)
-
+// ==== [api.config] optimizer kinds, state formats, maps, configuration (DESIGN.md §5, §6) ========
+// Update rules: DESIGN.md §5.3.
 typedef enum {
     BNB8_ADAMW = 0, BNB8_ADAM, BNB8_SGD, BNB8_LION, BNB8_RMSPROP, BNB8_ADAGRAD, BNB8_LAMB, BNB8_LARS,
     BNB8_ADEMAMIX, BNB8_NUM_OPTIMIZERS
 } bnb8_optim;
-
-// 32-bit: fp32 states. 8-bit: block-wise dynamic codes + fp32 absmax per block (bitsandbytes).
-// Flash (FlashOptim, SPEC §6; AdamW, Adam, SGD, Lion only): companded 8-bit codes + one scale per
-// group of 32, and bf16/fp16 weights carry an error-correction array that makes them a near-fp32
-// master. Tensors under min_8bit_size keep 32-bit states (flash ones keep their correction).
+// fp32 states; 8-bit block-wise codes + an fp32 absmax per block; flash (AdamW, Adam, SGD, Lion):
+// companded codes + a scale per 32, and bf16/fp16 weights carry a master weight correction.
 typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2 } bnb8_state_format;
-
-// The maps of 8-bit states: dynamic (the paper's, bnb8_map_dynamic) or linear (bnb8_map_linear, the
-// paper's ablation). Signed states take the signed map, non-negative ones (Adam's v) the unsigned.
+// Maps of 8-bit states: signed states take the signed map, non-negative ones (Adam's v) the unsigned.
 typedef enum { BNB8_MAP_DYNAMIC = 0, BNB8_MAP_LINEAR = 1, BNB8_NUM_MAPS } bnb8_map;
 
 typedef struct {
@@ -125,96 +124,91 @@ typedef struct {
     float max_unorm;             // LAMB / LARS trust bound (0 = off)
     int percentile_clipping;     // 1..99: clip g at that percentile of the last 100 norms; 100 = off
     bnb8_state_format format;    // 32-bit, 8-bit block-wise or flash (companded) states
-    int64_t blocksize;           // 8-bit block size: a power of two, 64..4096 (default 256), or 0: one
-                                 // absmax per tensor (the paper's "no blocks" ablation; two passes per step)
-    bnb8_map map;                // 8-bit maps: BNB8_MAP_DYNAMIC (default, 0) or BNB8_MAP_LINEAR; a GPU tensor
-                                 // must keep the optimizer's (one map pair per launch)
+    int64_t blocksize;           // 8-bit: a power of two in 64..4096 (default 256), or 0: one absmax
+                                 // per tensor (the paper's ablation; two passes per step)
+    bnb8_map map;                // 8-bit: dynamic (default) or linear; a GPU tensor keeps the optimizer's
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
-    int correction_bytes;        // flash, bf16/fp16 weights: 0 = no correction, 1 = int8 (default), 2 = int16
+    int correction_bytes;        // flash, bf16/fp16 weights: the master weight correction's bytes,
+                                 // 0 (none), 1 (int8, default) or 2 (int16)
     bnb8_dtype scale_dtype;      // flash: the group scales' type, BNB8_BF16 (default), BNB8_F16 or BNB8_F32
 } bnb8_config;
 
+// ==== [api.optimizer] the optimizer object (DESIGN.md §5.5, §6.5, §7) ============================
 typedef struct bnb8_optimizer bnb8_optimizer;
-
-// The defaults of an optimizer kind (PyTorch's and bitsandbytes' defaults; 8-bit, block 256).
+// The defaults of an optimizer kind (PyTorch's and bitsandbytes'; 8-bit states, blocks of 256).
 bnb8_config bnb8_config_default(bnb8_optim kind);
-// Creates an optimizer of kind with configuration cfg (NULL = defaults) into *opt.
+// Creates an optimizer of kind with configuration cfg (NULL = the defaults) into *opt.
 int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg);
 // Frees the optimizer and the states it owns (not the tensors).
 void bnb8_optimizer_free(bnb8_optimizer *opt);
-// Gives the tensor called name its own configuration (any field; an override's lr is scaled by
-// the same schedule as the base lr). Call before bnb8_optimizer_add of that name.
+// Gives the tensor called name its own configuration (any field; its lr follows the base lr's
+// schedule). Call before bnb8_optimizer_add of that name.
 int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
-// Registers a tensor of n elements: the optimizer allocates and owns its states, on the device
-// that holds param (CPU or GPU). grad may be NULL until set. *id (may be NULL) receives its index.
+// Registers a tensor of n elements; its states are allocated where param lives (CPU or GPU). grad
+// may be NULL until set; *id (may be NULL) receives its index.
 int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
                        void *grad, bnb8_dtype grad_dtype, int64_t n, int *id);
-// Points tensor id at a new gradient buffer (for gradient release: buffers are reused).
+// Points tensor id at another gradient buffer (gradient release reuses buffers).
 int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
-// One step of every tensor, at learning rate lr with global gradient scale gnorm_scale (1 = none).
-// stream: the CUDA stream for GPU tensors (NULL = default); ignored on the CPU.
+// One step of every tensor at learning rate lr, gradients scaled by gnorm_scale (1 = none). GPU
+// tensors: one launch on stream (NULL = default), not synchronized.
 int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
 // One step of the count tensors in ids only; each tensor keeps its own step count.
 int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
                                 float gnorm_scale, struct CUstream_st *stream);
 // Non-finite gradient elements met (and left unchanged) since the last call; resets the count.
 int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
-// Number of tensors, and the step count of tensor id.
+// The number of tensors; the step count of tensor id (-1 when there is none).
 int bnb8_optimizer_count(const bnb8_optimizer *opt);
 int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id);
 
-// Persistent memory of the registered tensors, in bytes (the trainer's report is computed from it).
+// Persistent bytes of the registered tensors (the trainer's bytes-per-parameter report, DESIGN.md §8.6).
 typedef struct {
     int64_t params;              // number of parameters
     double weights;              // the parameters themselves
     double gradients;            // the gradient buffers (0 when with_grads is 0: gradient release)
     double states;               // optimizer states with their absmax / scales
-    double correction;           // flash: the error correction of bf16/fp16 master weights
+    double correction;           // the master weight correction of bf16/fp16 weights (flash)
 } bnb8_memory;
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 
-// Writes every tensor's states to path atomically (path.tmp, flushed, then renamed).
+// Writes every tensor's states (and corrected weights) to path atomically: path.tmp, flushed, renamed.
 int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
-// Reads states written by bnb8_optimizer_save; the file must match the registered tensors (names,
-// sizes, formats). On any error nothing is changed and the message names the problem.
+// Reads a file of bnb8_optimizer_save that matches the registered tensors; on any error nothing changes.
 int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
-
-// The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors): bf16/fp16
-// weights plus their correction (SPEC §6.1), else the weights widened or copied.
+// The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors).
 int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
-// Sets tensor id's weights (and correction) from n fp32 masters in host memory: RNE + correction.
-// Exact for fp32 weights; import(export(w)) may move about 0.2% of corrected weights by one bf16
-// ulp (a tie after decoding), so state files hold the corrected weights themselves.
+// Sets tensor id's weights and correction from n fp32 masters in host memory (RNE + correction;
+// import(export(w)) may move a corrected weight by one bf16 ulp, DESIGN.md §6.5).
 int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
 
-// FlashOptim's techniques as array functions (SPEC §6; the optimizer applies them per element).
-// Master-weight splitting: narrow[i] = RNE(x[i]) in bf16 or fp16, and when corr is not NULL its
-// correction (corr_bytes 1: int8, 2: int16) that brings it within ulp/508 (int8) or 1 fp32 ulp.
+// ==== [api.flash] master weight correction and companded states as arrays (DESIGN.md §6) =========
+// narrow[i] = RNE(x[i]) in bf16/fp16 and, when corr is not NULL, its correction (corr_bytes 1: int8,
+// 2: int16).
 int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes);
-// out[i] = narrow[i] + corr[i] / QMAX * 2^L (corr NULL: the narrow value widened).
+// out[i] = narrow[i] with its correction applied (corr NULL: the narrow value widened).
 int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out);
-// Companded 8-bit codes: per group of 32 a scale (the group absmax of x, or of sqrt(x) for an
-// unsigned state) stored rounded up in scale_dtype (ceil(n/32) values), and per value one byte:
-// softsign int8 (is_signed) or sqrt uint8. Non-finite values are left out of the scale, coded 0.
+// Per group of 32 a scale (max |x|, or max sqrt(x) if unsigned) rounded up in scale_dtype, and the
+// codes: softsign int8 (is_signed) or sqrt uint8. Non-finite values stay out of the scale, code 0.
 int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales);
 // out[i] = the value of codes[i] under its group's stored scale.
 int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out);
 
-// GPU twins (bnb8_cuda.cu): the same arguments, pointers in device memory, plus the stream to run
-// on (a cudaStream_t; NULL is the default stream). They return without synchronizing.
+// ==== [api.cuda] GPU twins (bnb8_cuda.cu): device pointers, a stream (NULL = default), no sync ===
 int bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                                 int64_t blocksize, uint8_t *q, float *absmax,
-                                 struct CUstream_st *stream);
-int bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n,
-                                   const float *code, int64_t blocksize, void *out,
-                                   bnb8_dtype dtype, struct CUstream_st *stream);
-// As bnb8_quantize_blockwise_ex; nonfinite (device memory, may be NULL) receives the count.
+                                 int64_t blocksize, uint8_t *q, float *absmax, struct CUstream_st *stream);
+int bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                                   int64_t blocksize, void *out, bnb8_dtype dtype, struct CUstream_st *stream);
+// nonfinite: device memory (may be NULL).
 int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                                    int64_t blocksize, uint8_t *q, float *absmax,
-                                    int64_t *nonfinite, struct CUstream_st *stream);
+                                    int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite,
+                                    struct CUstream_st *stream);
 
-// ------------------------------------------------------------------------------------------------
-// Per-element math shared by bnb8.c and bnb8_cuda.cu. Not part of the stable API, but usable.
+// =================================================================================================
+// SHARED PER-ELEMENT MATH, internal but shared: bnb8.c and bnb8_cuda.cu both compile these BNB8_HD
+// functions, which is what makes their results bit-identical (DESIGN.md §2). Usable, but not part
+// of the stable API: names and signatures may change.
+// =================================================================================================
 
 // Records the detailed message of a failure for bnb8_last_error() and returns status.
 int bnb8_fail(int status, const char *fmt, ...);
@@ -224,6 +218,8 @@ int bnb8_fail(int status, const char *fmt, ...);
 #else
 #define BNB8_HD static inline
 #endif
+
+// ==== [math.convert] float <-> bf16 / fp16, loads and stores of any dtype ========================
 
 BNB8_HD uint32_t bnb8_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 BNB8_HD float bnb8_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
@@ -278,6 +274,8 @@ BNB8_HD void bnb8_store(void *x, bnb8_dtype dtype, int64_t i, float v) {
 
 BNB8_HD int bnb8_isfinite(float x) { return fabsf(x) <= 0x1.fffffep127f; }   // false for NaN
 
+// ==== [math.codes] thresholds, the nearest code, the codebook lookup (DESIGN.md §3) ==============
+
 // The 255 decision thresholds of a map, t[k] = (code[k] + code[k+1]) * 0.5f, padded with +inf at
 // t[255] so that a branch-free binary search over 256 slots works.
 BNB8_HD float bnb8_threshold(const float code[256], int k) {
@@ -301,7 +299,7 @@ BNB8_HD int bnb8_count_at_most(const float t[256], float v) {
     return i;
 }
 
-// Nearest code of x (SPEC §3): the number of thresholds strictly below x, and a value exactly on a
+// Nearest code of x (DESIGN.md §3): the number of thresholds strictly below x, and a value exactly on a
 // threshold goes to the even index of its pair. The reference form, 8 comparisons.
 BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
     int i = bnb8_count_below(t, x);
@@ -436,7 +434,7 @@ BNB8_HD int bnb8_code_near(const bnb8_codebook *cb, float q, int *redo) {
     return (int)(t >> 24);
 }
 
-// The code of exact zero in an optimizer's maps (SPEC §4): 127 signed, 0 unsigned; all-zero blocks
+// The code of exact zero in an optimizer's maps (DESIGN.md §3): 127 signed, 0 unsigned; all-zero blocks
 // store it. Written out rather than nearest(0): the linear signed map holds 0 twice (127 and 128)
 // and its tie at 0 goes to the even 128; the dynamic maps give the same 127 and 0 either way.
 BNB8_HD int bnb8_zero_code(int is_signed) { return is_signed ? 127 : 0; }
@@ -454,7 +452,7 @@ BNB8_HD int bnb8_quantize_value(const bnb8_codebook *cb, int zero_code, float s,
     s = s + 0.0f;
     return a > 0.0f ? bnb8_keep_sign(bnb8_nearest_code_fast(cb, s / a), zero_code, s) : zero_code;
 }
-// Block-wise quantization's code of x (SPEC §4) with the division: the zero code for a zero block
+// Block-wise quantization's code of x (DESIGN.md §4) with the division: the zero code for a zero block
 // and for a non-finite x. What the callers of bnb8_code_near take where *redo is set.
 BNB8_HD int bnb8_quantize_code(const bnb8_codebook *cb, int zero_code, float x, float a) {
     return a > 0.0f && bnb8_isfinite(x) ? bnb8_nearest_code_fast(cb, x / a) : zero_code;
@@ -471,8 +469,8 @@ BNB8_HD float bnb8_reciprocal(float a) {
     return a >= 0x1p-125f && a <= 0x1p125f ? 1.0f / a : bnb8_bits_f32(0x7fc00000u);
 }
 
-// ------------------------------------------------------------------------------------------------
-// One optimizer step, per element. The host computes everything that is transcendental or in
+// ==== [math.step] one optimizer update of one element (DESIGN.md §5.3) ===========================
+// The host computes everything that is transcendental or in
 // double (bias corrections, schedules) once per tensor and step into bnb8_step_args; the kernels
 // and the CPU loops call bnb8_direction and bnb8_apply with them.
 
@@ -579,8 +577,8 @@ BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnor
     return current > clip ? clip / current : 1.0f;
 }
 
-// ------------------------------------------------------------------------------------------------
-// FlashOptim per element (SPEC §6). A flash step of one group of 32 elements, on either back end:
+// ==== [math.flash] master weight correction and companding of one element (DESIGN.md §6) =========
+// A flash step of one group of 32 elements, on either back end:
 //   per element  p = bnb8_master_load(...); g = bnb8_load(grad, ...);
 //                s[k] = bnb8_expand_value(code_k, old scale_k, signed_k);
 //                if bnb8_isfinite(g): bnb8_master_store(..., bnb8_apply(a, p, bnb8_direction(a, p, g, s), 1))
@@ -598,7 +596,7 @@ BNB8_HD uint16_t bnb8_f32_to_narrow(float x, bnb8_dtype narrow) {
     return narrow == BNB8_BF16 ? bnb8_f32_to_bf16(x) : bnb8_f32_to_f16(x);
 }
 
-// Master-weight splitting (SPEC §6.1). L such that 2^L is half an ulp of the narrow value n: its
+// Master weight correction (DESIGN.md §6.1). L such that 2^L is half an ulp of the narrow value n: its
 // unbiased exponent E from its own bits (zero and subnormals: 1 - bias), L = E - M - 1.
 BNB8_HD int bnb8_ecc_shift(uint16_t bits, bnb8_dtype narrow) {
     if (narrow == BNB8_BF16) { int e = (bits >> 7) & 0xff; return (e ? e : 1) - 127 - 7 - 1; }
@@ -657,7 +655,7 @@ BNB8_HD void bnb8_master_store(void *param, bnb8_dtype dtype, void *corr, int co
     else ((int16_t *)corr)[i] = (int16_t)q;
 }
 
-// Companded 8-bit states (SPEC §6.2). What a group's scale covers: |x| of a signed state, sqrt(x)
+// Companded 8-bit states (DESIGN.md §6.2). What a group's scale covers: |x| of a signed state, sqrt(x)
 // of a non-negative one; +0 for non-finite values (and negative ones of an unsigned state).
 BNB8_HD float bnb8_compand_magnitude(float x, int is_signed) {
     if (!bnb8_isfinite(x)) return 0.0f;
@@ -714,7 +712,7 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
     return bnb8_expand_from_unit(bnb8_expand_unit(code, is_signed), scale, is_signed);
 }
 
-// ------------------------------------------------------------------------------------------------
+// ==== [math.fast] the GPU's vouched fast forms of the flash math =================================
 // Fast forms of the flash math for the GPU's default configuration (bf16 weights, int8
 // corrections): each gives the exact function's result, or clears *ok where it cannot vouch for
 // it (then the caller uses the exact function). Shared, so that the CPU tests hold them to the
@@ -785,8 +783,12 @@ BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
     return bnb8_code_round(root * r255, ok);
 }
 
-// ------------------------------------------------------------------------------------------------
-// The optimizer's GPU path (internal): bnb8.c describes each GPU tensor of a step (its arrays and
+// =================================================================================================
+// GPU STEP INTERFACE, internal: between bnb8.c and bnb8_cuda.cu
+// =================================================================================================
+
+// ==== [gpu.step] one step's tensor descriptors, the launch, memory helpers (DESIGN.md §10) =======
+// The optimizer's GPU path: bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
 // the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes.
 

@@ -1,7 +1,8 @@
 /*
 bnb8_cuda.cu — the GPU back end: the twin of every CPU entry point of bnb8.c, using the same
 per-element math from bnb8.h so that results are bit-identical. Build with -fmad=false and without
---use_fast_math. Every launch goes on the caller's stream; nothing here synchronizes.
+--use_fast_math (DESIGN.md §2). Every launch goes on the caller's stream, and no call waits for the
+device except the few DESIGN.md §9 lists (copies to and from the host, growing scratch).
 */
 #include "bnb8.h"
 #include <cuda_runtime.h>
@@ -32,7 +33,7 @@ static int bnb8_cuda_check_device_ptr(const char *fn, const void *p) {
 // elements. Warp w owns the contiguous segment [w * 128R, (w + 1) * 128R) of a chunk; lane l holds
 // elements r * 128 + 4l .. 4l + 3 of it for r < R (one 16-byte access per fp32 row, every warp
 // access contiguous). With R = 2 an 8-bit block of 256 elements is exactly one warp's segment, so
-// its absmax is a warp shuffle, with no shared memory and no barrier.
+// its absmax is a warp shuffle, with no shared memory and no barrier (DESIGN.md §9).
 
 #define BNB8_V 4
 #define BNB8_ROW (BNB8_THREADS * BNB8_V)
@@ -192,7 +193,8 @@ static int bnb8_rows_for(int64_t blocksize) { return blocksize > 2 * BNB8_ROW ? 
 // One chunk of R rows at element base. FULL: the chunk lies inside n and the arrays allow vector
 // accesses (no bounds tests). next >= 0 (FULL only): the block's next chunk, a full one, starts
 // at element next; its lines are asked of L2 once this chunk's loads are out (bnb8_prefetch), at 4
-// rows (blocks of 4096: 6% faster on an H200; at 2 rows, with more blocks per SM, 2% slower).
+// rows only (blocks of 4096): at 2 rows more blocks fit per SM and already keep enough loads in
+// flight, so the prefetch costs more than it hides (dev/bench/RESULTS.md).
 template <int R, bool FULL>
 __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, const void *x, int dtype, int64_t n,
                                     bool vec, int64_t base, int64_t next, int64_t blocksize, uint8_t *q,
@@ -250,9 +252,10 @@ __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, cons
     }
 }
 
-// On GPUs with 2048 threads per SM, 8 blocks per SM (32 registers, no spills; 40 and 6 blocks
-// without the bound): quantize 1.5% (blocks of 4096) and 4.5% (256) faster on an H200. Elsewhere
-// (1024 or 1536 threads per SM) the registers do not limit the blocks, and ptxas would warn.
+// On GPUs with 2048 threads per SM, ask for 8 resident blocks per SM: the kernel fits their share
+// of the register file (32 per thread) without spilling, and without the bound ptxas takes more
+// registers and fewer blocks fit, which leaves less memory traffic in flight (dev/bench/RESULTS.md).
+// Elsewhere (1024 or 1536 threads per SM) the registers do not limit the blocks, and ptxas would warn.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 900 || \
                                __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
 #define BNB8_QUANTIZE_BLOCKS_PER_SM 8
@@ -285,8 +288,9 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *b
 }
 
 // Dequantization: a block per chunk of 4 rows of 1024 elements (blocks beyond the grid's limit
-// loop), each thread's 4 code words loaded before use. One wave of persistent blocks each walking
-// its chunks was 8% slower (H200): blocks launched in order keep the chunks in flight together.
+// loop), each thread's 4 code words loaded before use. Not a persistent grid: blocks launched in
+// order keep the chunks in flight close together in memory, which a wave of persistent blocks each
+// walking its own chunks does not (measured slower: dev/bench/RESULTS.md).
 #define BNB8_DEQUANT_ROWS 4
 __global__ void __launch_bounds__(BNB8_THREADS)
 bnb8_dequantize_kernel(const uint8_t *q, const float *absmax, int64_t n, const float *code, int shift,
@@ -460,9 +464,9 @@ extern "C" int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_d
 }
 
 // ------------------------------------------------------------------------------------------------
-// Optimizer step: every tensor of a step in one launch. The tensors are cut into chunks of R rows
-// (R = 2, or 4 when a tensor has 4096-element blocks); a persistent grid takes the chunks in order
-// and finds each chunk's tensor by a search over first_chunk.
+// Optimizer step: every tensor of a step in one launch (DESIGN.md §10). The tensors are cut into
+// chunks of R rows (R = 2, or 4 when a tensor has 4096-element blocks); a persistent grid takes the
+// chunks in order and finds each chunk's tensor by a search over first_chunk.
 // 8-bit tensors with one absmax per tensor (blocksize 0) come last and get launches of their own,
 // the CPU's two passes: the same update kernel first only takes max |fresh state| over the whole
 // tensor (BNB8_PASS_MAX), then recomputes the same floats and stores weights and the codes under
@@ -793,7 +797,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
     }
 }
 
-// Flash tensors (SPEC §6.3) and 32-bit-state tensors with corrected weights, in a launch that has
+// Flash tensors (DESIGN.md §6.3) and 32-bit-state tensors with corrected weights, in a launch that has
 // any: the tables that make a code's value one shared-memory read (bit-identical to computing it).
 // Static shared memory: the reads need no base address.
 struct bnb8_flash_smem {
@@ -1174,8 +1178,8 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     int ti = first;
     // The chunks are handed out in order to whichever block asks next, up to BNB8_GRAB at a time
     // (a counter in the header): the chunks in flight on the GPU then lie close together in memory,
-    // which DRAM serves faster than each block walking a range of its own (`bench_gpu order`;
-    // this kernel got 3-5% faster on an H200). Grabs shrink toward the end, to a quarter of what
+    // which DRAM serves faster than each block walking a range of its own (measured with
+    // `bench_gpu order`: dev/bench/RESULTS.md). Grabs shrink toward the end, to a quarter of what
     // each block would have left after its last, so that the blocks end together. A block's
     // chunks only grow.
     int64_t after = first_chunk;                 // thread 0: the end of the block's last grab
@@ -1219,10 +1223,10 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             bool full = sm.vec && base + R * BNB8_ROW <= sm.t.n;
             // A full chunk starts a run, [chunk, run_end): the tensor's full chunks that follow it
             // in this grab, stepped by an inner loop without the bookkeeping above. Default flash
-            // tensors always (the other paths of their launches spill a little for it: 184 bytes
-            // at 2 rows, 24 without); RUN: the other full chunks, where ptxas does not spill for it
-            // (it does in launches with flash tensors, and twice as much for AdEMAMix's 3 states
-            // at 4 rows).
+            // tensors always: their fast path gains more from it than the few register spills it
+            // causes in the launch's other paths cost. RUN: the other full chunks, only where the
+            // inner loop causes no spills (not in launches with flash tensors, nor for AdEMAMix's
+            // 3 states at 4 rows). Spill counts: dev/bench/RESULTS.md.
             constexpr bool RUN = !FLASH && !(R == 4 && bnb8_max_states(KIND) == 3);
             int64_t run_end = sm.t.first_chunk + sm.t.n / (R * BNB8_ROW);
             run_end = run_end < end ? run_end : end;

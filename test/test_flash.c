@@ -1,9 +1,9 @@
 /*
-test_flash.c — FlashOptim's techniques (SPEC §6, §9; issue P4), each against an independent
-reference written here from the SPEC: double precision or brute force, fresh random inputs, every
-element checked.
+test_flash.c — FlashOptim's techniques (DESIGN.md §6, bars of §12; issue P4), each against an
+independent reference written here from DESIGN.md: double precision or brute force, fresh random
+inputs, every element checked.
 
-  1. Master-weight splitting (ECC): every mantissa of a sample of fp32 exponents (zero, subnormals,
+  1. Master weight correction: every mantissa of a sample of fp32 exponents (zero, subnormals,
      the fp16 subnormal range, the top binades of fp16 and bf16, inf/NaN), both signs, bf16 and
      fp16 with int8 and int16 corrections: the code equals a double-precision reference (off by
      one only where the float product sits on a rounding tie), the error is at most ulp/508 (int8)
@@ -66,7 +66,7 @@ static double dtype_value(const void *a, bnb8_dtype dt, int64_t i) {
 }
 
 // Half an ulp of a finite narrow value n, from its magnitude (zero and subnormals: of the smallest
-// normal binade); 2^L of SPEC §6.1.
+// normal binade); 2^L of DESIGN.md §6.1.
 static double half_ulp(double n, bnb8_dtype dt) {
     int M = dt == BNB8_BF16 ? 7 : 10, emin = dt == BNB8_BF16 ? -126 : -14, e = emin;
     if (n != 0.0) { frexp(fabs(n), &e); e -= 1; if (e < emin) e = emin; }
@@ -85,7 +85,7 @@ static double ulp32(double y) {
 static double round_away(double t) { return t >= 0 ? floor(t + 0.5) : -floor(-t + 0.5); }
 
 // ------------------------------------------------------------------------------------------------
-// 1. ECC on every mantissa of an exponent
+// 1. Master weight correction on every mantissa of an exponent
 
 typedef struct {
     int64_t checked, code_miss, tie_miss, bound8, bound16, worse, special, overflow;
@@ -200,7 +200,7 @@ out:
     free(x); free(y8); free(y16); free(y0); free(nar); free(nar2); free(c8); free(c16);
 }
 
-// The per-element functions on the values the SPEC names: zero keeps its sign, a tie of bf16
+// The per-element functions on the values DESIGN.md §6.1 names: zero keeps its sign, a tie of bf16
 // rounding, the largest finite values, and the correction of an overflowing value.
 static void test_ecc_values(void) {
     int32_t q;
@@ -385,7 +385,7 @@ static void test_compand(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 3. Flash optimizers against a double reference of SPEC §5.3
+// 3. Flash optimizers against a double reference of DESIGN.md §5.3
 
 typedef struct {
     bnb8_optim kind;
@@ -497,9 +497,9 @@ static void test_flash_vs_reference(void) {
         double nmse[8], cosv[8];
         for (int j = 0; j < ncfg; j++) {
             delta_stats r = flash_vs_reference(&kinds[k], cfgs[j].pdt, cfgs[j].cb, cfgs[j].sdt, n, seed);
-            // fp32 weights and corrected bf16/fp16 weights: the fp32 bars (stricter than the SPEC's
-            // bf16 bars cos > 0.975, NMSE < 0.05). Uncorrected weights are the comparison below.
-            // Uncorrected bf16 / fp16 weights: the SPEC's bf16 bars, except for Lion, whose every
+            // fp32 weights and corrected bf16/fp16 weights: the fp32 bars (stricter than the bf16
+            // bars cos > 0.975, NMSE < 0.05). Uncorrected weights are the comparison below.
+            // Uncorrected bf16 / fp16 weights: the bf16 bars (DESIGN.md §12), except for Lion, whose every
             // update is +-lr: lr 1e-3 against a bf16 ulp of 4.9e-4 at |w| ~ 0.1 rounds each step to
             // 0 or 2 ulps (measured cos ~0.97, NMSE ~0.065); that loss is what the correction is for.
             int plain = cfgs[j].cb == 0 && cfgs[j].pdt != BNB8_F32;
@@ -905,7 +905,7 @@ static void test_flash_resume(void) {
     remove(f1); remove(f2); remove(f3); remove(bad);
 }
 
-// Persistent bytes per parameter from bnb8_optimizer_memory (SPEC §6.3): AdamW, bf16 weights, int8
+// Persistent bytes per parameter from bnb8_optimizer_memory (DESIGN.md §8.6): AdamW, bf16 weights, int8
 // correction, bf16 gradients, 16-bit scales: 2 + 1 + 2 + 2 (1 + 2/32) = 7.125, and 5.125 without
 // the gradient buffer; the neighbours of that configuration, and the state file's record size.
 static void test_memory(void) {

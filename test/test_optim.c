@@ -1,19 +1,22 @@
 /*
-test_optim.c — the optimizers (SPEC §5, §7, §9) against an independent double-precision reference.
+test_optim.c — the optimizers (DESIGN.md §5, §7, §12) against an independent double-precision
+reference.
 
-The reference at the top is written from SPEC §5.3 alone: it never calls bnb8_direction/bnb8_apply.
+The reference at the top is written from DESIGN.md §5.3 alone: it never calls bnb8_direction or
+bnb8_apply.
 Next to every state element it carries a bound on how far a float32 evaluation of the same formulas
 can be from its double value (each float32 rounding moves a result by at most 2^-24 of its size;
 we charge ROUNDINGS of them per update, on the magnitude of the terms). Those bounds decide the only
 places where the library may legitimately differ from the reference: a Lion sign of a value that is
 zero within rounding, an 8-bit code next to a decision threshold, an absmax. Everything else is
-checked against the bars of the SPEC and the issue, element by element, with fresh random inputs.
+checked against the bars of DESIGN.md §12 and the issue, element by element, with fresh random
+inputs.
 
 The library's states are read back through its own state file (bnb8_optimizer_save; layout in
 bnb8.c: per tensor the gradient-norm history, the absmax of each state, then the states).
 BNB8_TEST_VERBOSE=1 prints the measured numbers quoted in the comments.
 
-Sections: 1. 32-bit optimizers over 20 steps; 2. 8-bit vs 32-bit free running (SPEC §9 bar, and
+Sections: 1. 32-bit optimizers over 20 steps; 2. 8-bit vs 32-bit free running (DESIGN.md §12 bar, and
 the bars derived from it for every optimizer); 3. one 8-bit step at a time, the reference restarted
 from the library's dequantized states (checked_step; every optimizer, block size, dtype, and sign
 preservation); 4. non-finite gradients; 5. percentile clipping, max_unorm and per-name overrides,
@@ -44,11 +47,11 @@ min_8bit_size and API misuse are in test_state.c.
 
 static int verbose;
 static char tmpdir[64];
-// [map][is_signed]: the golden dynamic maps, and the linear maps written here from SPEC §3
+// [map][is_signed]: the golden dynamic maps, and the linear maps written here from DESIGN.md §3
 static float map_code[BNB8_NUM_MAPS][2][256], map_thresh[BNB8_NUM_MAPS][2][256];
 
 // ------------------------------------------------------------------------------------------------
-// The double-precision reference of SPEC §5.3
+// The double-precision reference of DESIGN.md §5.3
 
 typedef struct {
     bnb8_optim kind;
@@ -66,7 +69,7 @@ typedef struct {
     double trust, scale;          // this step's trust ratio (LAMB/LARS) and gradient scale
 } ref_tensor;
 
-// SPEC §5.1: which states each optimizer keeps, and which are non-negative (unsigned map).
+// DESIGN.md §5.1: which states each optimizer keeps, and which are non-negative (unsigned map).
 static int ref_nstates(bnb8_optim kind, const bnb8_config *c) {
     switch (kind) {
     case BNB8_ADAMW: case BNB8_ADAM: case BNB8_LAMB: return 2;          // m, v
@@ -123,14 +126,14 @@ static int compare_doubles(const void *a, const void *b) {
 
 // One step of every element, g = the gradient as the library reads it, lr = this tensor's learning
 // rate of the step, gnorm_scale = the caller's global scale. A non-finite g[i] leaves element i as
-// it is (SPEC §5.2 item 6).
+// it is (DESIGN.md §5.2).
 static void ref_step(ref_tensor *r, const double *g, double lr, double gnorm_scale) {
     const bnb8_config *c = &r->c;
     const double t = (double)++r->t, R = ROUNDINGS * U32;
     double b1 = c->beta1, b2 = c->beta2, b3 = c->beta3, eps = c->eps, wd = c->weight_decay;
     double alpha = c->alpha, mu = c->momentum, damp = c->dampening;
 
-    // Percentile clipping (SPEC §5.4): history of squared norms of the raw gradient, all 100 set to
+    // Percentile clipping (DESIGN.md §5.4): history of squared norms of the raw gradient, all 100 set to
     // the first at step 1, then history[t % 100]; clip at sqrt(sorted[percentile]).
     r->scale = gnorm_scale;
     if (c->percentile_clipping < 100) {
@@ -374,10 +377,11 @@ static void ref_sync_states(ref_tensor *r, const snap *s) {
         }
 }
 
-// Nearest code by brute force over the 255 float32 thresholds t_k = (c_k + c_{k+1}) * 0.5f (SPEC
-// §3): the number strictly below x; exactly on t_k goes to the even index of (k, k+1). For signed
-// maps a negative state s whose code decodes to zero (or above) takes the largest code below zero
-// instead (SPEC §5.2): 126 in the dynamic map (zero at 127) and in the linear one (zeros at 127, 128).
+// Nearest code by brute force over the 255 float32 thresholds t_k = (c_k + c_{k+1}) * 0.5f
+// (DESIGN.md §3): the number strictly below x; exactly on t_k goes to the even index of (k, k+1).
+// For signed maps a negative state s whose code decodes to zero (or above) takes the largest code
+// below zero instead (DESIGN.md §5.2): 126 in the dynamic map (zero at 127) and in the linear one
+// (zeros at 127, 128).
 static int ref_code(int map, int is_signed, double x, double s) {
     const float *code = map_code[map][is_signed];
     int q = 0;
@@ -597,7 +601,7 @@ static void test_32bit_reference(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 2. 8-bit vs 32-bit, free running (SPEC §9)
+// 2. 8-bit vs 32-bit, free running (DESIGN.md §12)
 //
 // Two optimizers, one with 8-bit and one with 32-bit states, start from the same p = 0.1 randn and
 // see the same fresh g = 0.01 randn every step; neither is pulled back toward the other. The bar is
@@ -613,7 +617,7 @@ static void test_32bit_reference(void) {
 //   Adagrad                1/sqrt(t): s = t sigma^2
 //   SGD momentum           sigma sqrt((1 - mu^2t)/(1 - mu^2)): the rms of the buffer
 //   LARS                   min(that, max_unorm rms(p)), the trust ratio cap
-// F comes from the SPEC's one number: AdamW, 1024 x 1024, 100 steps, lr 1e-3, mean |p8 - p32| <=
+// F comes from DESIGN.md §12's one number: AdamW, 1024 x 1024, 100 steps, lr 1e-3, mean |p8 - p32| <=
 // 2.5e-4, and sum_t rms(u_t) = 26.53 over its 100 steps, so F = 2.5e-4 / 26.53e-3 = 0.00942.
 // A is the amplification of requantization noise in the state that sets the direction, relative to
 // Adam's m: an EMA of decay b accumulates per-step noise e to e / sqrt(1 - b^2). Adam's m, SGD's and
@@ -623,12 +627,12 @@ static void test_32bit_reference(void) {
 // Measured (BNB8_TEST_VERBOSE=1; several seeds agree to about 2%), mean |p8 - p32| / bar:
 //   AdamW 0.73, Adam (L2 1e-2) 0.75, SGD 0.76, Lion 0.41, RMSprop 0.05, Adagrad 0.05, LAMB 0.86,
 //   LARS 0.75, AdEMAMix 0.73.
-// AdamW runs the SPEC's 1024 x 1024 (also under AddressSanitizer); the others 256 x 1024 to keep the
+// AdamW runs that bar's 1024 x 1024 (also under AddressSanitizer); the others 256 x 1024 to keep the
 // suite fast (a mean over 2.6e5 elements is stable to well under 1% between seeds).
 // The test also requires that the 8-bit run differs from the 32-bit one at all and that the 32-bit
 // run moved the parameters by more than 4 bars (else the bar would say nothing).
 
-#define FREE_F (2.5e-4 / 26.526126e-3)   // the SPEC's AdamW bar over its sum_t lr rms(u_t)
+#define FREE_F (2.5e-4 / 26.526126e-3)   // DESIGN.md §12's AdamW bar over its sum_t lr rms(u_t)
 
 // lr * rms(u_t) * A of optimizer kind at step t (see above), sigma the gradients' deviation, prms
 // the parameters' rms.
@@ -706,7 +710,7 @@ static void test_8bit_vs_32bit(void) {
     for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++) {
         bnb8_config c = bnb8_config_default((bnb8_optim)kind);
         if (kind == BNB8_ADAM) c.weight_decay = 1e-2f;    // L2 on: its placement is part of the run
-        if (kind == BNB8_ADAMW) c.lr = 1e-3f;             // the SPEC's case (also the default)
+        if (kind == BNB8_ADAMW) c.lr = 1e-3f;             // the bar's case (also the default)
         int64_t n = kind == BNB8_ADAMW ? 1024 * 1024 : 256 * 1024;
         double path = 0.0, moved;
         for (int t = 1; t <= steps; t++) path += nominal_step((bnb8_optim)kind, &c, t, 0.01, 0.1);
@@ -828,7 +832,7 @@ static void unchecked_step(bnb8_optimizer *opt, pair *T, int count, float lr) {
 
 // Elements with no history: p = 0 and g = 0 in the warm-up steps, so all their states are exactly
 // zero (and L2 adds nothing); at the checked step they get g = +-1e-10, states far below the zero
-// code's threshold: a negative one must keep its sign (code 126, SPEC §5.2), a positive one takes
+// code's threshold: a negative one must keep its sign (code 126, DESIGN.md §5.2), a positive one takes
 // the zero code.
 static int quiet(int64_t i) { return i % 29 == 3; }
 
@@ -919,7 +923,7 @@ static void test_8bit_one_step(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 4. Non-finite gradients (SPEC §5.2 item 6)
+// 4. Non-finite gradients (DESIGN.md §5.2)
 
 // Gradients with NaN, +Inf and -Inf spread over blocks 0 and 1 and filling block 2 entirely; the
 // step is checked against the reference (which leaves those elements as they are and updates the
@@ -1149,7 +1153,7 @@ static void test_overrides(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 6. Subset stepping (bnb8_optimizer_step_tensors, SPEC §5.5)
+// 6. Subset stepping (bnb8_optimizer_step_tensors, DESIGN.md §5.5)
 
 // AdamW (its bias correction depends on the step count) with three tensors, stepped as all, {0},
 // {0}, {2, 0}, {1}, {} with fresh gradients for every tensor each time: the stepped ones match the
@@ -1255,7 +1259,7 @@ static int set_states32(bnb8_optimizer *opt, int nstates, int64_t n, float *cons
 // states dequantized in float32 (code * absmax: what the 8-bit step starts from), so both compute
 // the same fresh float32 states, and the twin keeps them. Then the parameters must be bit-identical,
 // every absmax the max |state| over its block (the whole tensor for blocksize 0), every code the
-// brute-force nearest code of state / absmax (IEEE float division, SPEC §5.2) with the sign rule
+// brute-force nearest code of state / absmax (IEEE float division, DESIGN.md §5.2) with the sign rule
 // (ref_code), and no negative state may decode to 0 or above. Quiet elements (p = 0, g = 0 or
 // +-1e-10) give states exactly 0 and tiny ones of both signs; elements 256..511 stay exactly 0 (an
 // all-zero block at blocksize 256). *kept_sign counts the negative states whose nearest code
@@ -1332,7 +1336,7 @@ static void test_ablation_exact(void) {
     for (int is_signed = 0; is_signed < 2; is_signed++) {
         bnb8_map_linear(lib, is_signed);
         EXPECT(memcmp(lib, map_code[BNB8_MAP_LINEAR][is_signed], sizeof lib) == 0,
-               "bnb8_map_linear(%d) differs from SPEC §3's values rounded once", is_signed);
+               "bnb8_map_linear(%d) differs from DESIGN.md §3's values rounded once", is_signed);
     }
     const bnb8_optim kinds[3] = {BNB8_ADAMW, BNB8_LION, BNB8_SGD};
     for (int kk = 0; kk < 3; kk++) {
@@ -1485,7 +1489,7 @@ void tests_optim(void) {
         }
         if (!text) { printf("test_optim: cannot read the golden maps in test/data\n"); bnb8_map_dynamic(dynamic, is_signed); }
         free(text);
-        // SPEC §3: signed, 255 evenly spaced values over [-1, 1] (k/127 - 1) plus a second exact 0
+        // DESIGN.md §3: signed, 255 evenly spaced values over [-1, 1] (k/127 - 1) plus a second exact 0
         // after the first; unsigned, 256 over [0, 1]. Each rounded once from double.
         for (int i = 0; i < 256; i++)
             linear[i] = is_signed ? (float)((double)((i <= 127 ? i : i - 1) - 127) / 127.0) : (float)((double)i / 255.0);
@@ -1498,7 +1502,7 @@ void tests_optim(void) {
     if (!mkdtemp(tmpdir)) { printf("test_optim: mkdtemp failed\n"); return; }
 
     test_run("optim: 32-bit vs double reference, all optimizers and dtypes", test_32bit_reference);
-    test_run("optim: 8-bit vs 32-bit free running, every optimizer (SPEC 9)", test_8bit_vs_32bit);
+    test_run("optim: 8-bit vs 32-bit free running, every optimizer (DESIGN.md §12)", test_8bit_vs_32bit);
     test_run("optim: one 8-bit step vs dequantize-update-requantize, all optimizers", test_8bit_one_step);
     test_run("optim: non-finite gradients keep params and states, and are counted", test_nonfinite);
     test_run("optim: percentile clipping and max_unorm match the reference", test_clipping);

@@ -1,4 +1,5 @@
-// test_quant.c — maps, nearest-code rule, 16-bit conversions and block-wise quantization (SPEC §2-4, §9).
+// test_quant.c — maps, nearest-code rule, 16-bit conversions and block-wise quantization
+// (DESIGN.md §2-§4, bars of §12).
 // Every check compares the library with a reference written here independently: exact formulas in
 // double, brute-force loops, the golden tables in test/data. Set BNB8_TEST_VERBOSE=1 to print the
 // measured round-trip errors.
@@ -52,7 +53,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// The 255 decision thresholds of SPEC §3, computed here: t_k = (c_k + c_{k+1}) * 0.5f in float.
+// The 255 decision thresholds of DESIGN.md §3, computed here: t_k = (c_k + c_{k+1}) * 0.5f in float.
 static void ref_thresholds(const float code[256], float t[255]) {
     for (int k = 0; k < 255; k++) {
         float sum = code[k] + code[k + 1];
@@ -194,7 +195,7 @@ static void test_dynamic_maps(void) {
         for (int i = 0; i < 256; i++)
             EXPECT(fbits(code[i]) == golden[i], "%s[%d]: 0x%08x, golden 0x%08x", file, i, fbits(code[i]), golden[i]);
 
-        // The exact formula of SPEC §3 in double: level i of 7, 2^i (signed, both signs) or 2^(i+1)
+        // The exact formula of DESIGN.md §3 in double: level i of 7, 2^i (signed, both signs) or 2^(i+1)
         // (unsigned) bins, plus 0 and 1.
         double exact[256];
         int m = 0;
@@ -564,7 +565,7 @@ static void test_conversions(void) {
                 EXPECT(isnan(ref16_decode(back, fp16)) && (back & 0x8000) == (h & 0x8000),
                        "%s NaN 0x%04x round trip -> 0x%04x", name, h, back);
             } else {
-                EXPECT(fbits(got) == fbits((float)want), "%s 0x%04x -> %.9g (0x%08x), expected %.9g", name, h,
+                EXPECT(fbits(got) == fbits((float)want), "%s 0x%04x -> %.9g (0x%08x), expected %.9g (0x%08x)", name, h,
                        (double)got, fbits(got), want, fbits((float)want));
                 EXPECT(back == h, "%s 0x%04x round trip -> 0x%04x", name, h, back);
             }
@@ -634,8 +635,8 @@ static void test_round_trip_error_bars(void) {
                 quant_round_trip(x, d, n, code[uniform ? 0 : 1], bs, back);
                 double mae, mre;
                 round_trip_errors(a, back, n, &mae, &mre);
-                // SPEC §4 bars +5%: randn 256 for blocks up to 256, randn 4096 above (the error grows
-                // with the block), uniform [0, 1) with the unsigned map for every block.
+                // DESIGN.md §12 bars +5%: randn 256 for blocks up to 256, randn 4096 above (the
+                // error grows with the block), uniform [0, 1) with the unsigned map for every block.
                 double bar_abs = uniform ? 0.00160 : bs <= 256 ? 0.00852 : 0.01003;
                 double bar_rel = uniform ? 0.00501 : bs <= 256 ? 0.01537 : 0.01698;
                 const char *what = uniform ? "uniform/unsigned" : "randn/signed";
@@ -1058,7 +1059,7 @@ void tests_quant(void) {
     test_run("nearest code equals brute force on every map", test_nearest_code);
     test_run("division-free codes equal the exact ones where they do not divide", test_nearest_code_near);
     test_run("bf16 and fp16 conversions round to nearest even", test_conversions);
-    test_run("block-wise round trip stays within the SPEC error bars", test_round_trip_error_bars);
+    test_run("block-wise round trip stays within the DESIGN.md §12 error bars", test_round_trip_error_bars);
     test_run("quantize and dequantize match a brute-force reference exactly", test_quantize_exact);
     test_run("empty input, zero blocks and non-finite values are handled", test_edge_cases);
     test_run("bad arguments return the right status and write nothing", test_bad_arguments);

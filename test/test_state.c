@@ -1,5 +1,5 @@
 /*
-test_state.c — the optimizer object around the math (SPEC §5.1, §5.5, §7, §9, §11): state files
+test_state.c — the optimizer object around the math (DESIGN.md §5.1, §5.5, §7, §11, §12): state files
 (save -> load -> continue is byte-identical to never stopping; every corrupted or mismatched file is
 refused with a status and a message naming it, and leaves the optimizer as it was; atomic writes),
 the file size and memory accounting of 8-bit states, min_8bit_size, API misuse, and the ablation
@@ -409,9 +409,9 @@ static void test_atomic_save(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 3. Memory: file size, bnb8_optimizer_memory, min_8bit_size (SPEC §5.1)
+// 3. Memory: file size, bnb8_optimizer_memory, min_8bit_size (DESIGN.md §5.1)
 
-// Bytes of a tensor's states by SPEC §5.1: per state n floats (32-bit) or n codes + an absmax per
+// Bytes of a tensor's states by DESIGN.md §5.1: per state n floats (32-bit) or n codes + an absmax per
 // block (8-bit), plus the 100-float norm history when percentile clipping is on.
 static double expect_state_bytes(int64_t n, int nstates, int eight_bit, int64_t blocksize) {
     if (!eight_bit) return 4.0 * (double)n * nstates;
@@ -461,7 +461,7 @@ static void test_memory_and_file_size(void) {
     remove(path);
 }
 
-// Tensors under min_8bit_size keep 32-bit states (SPEC §5.1): the format field of each record and
+// Tensors under min_8bit_size keep 32-bit states (DESIGN.md §5.1): the format field of each record and
 // bnb8_optimizer_memory against sizes computed here; min_8bit_size 0 makes a 100-element tensor
 // 8-bit; an override can raise it for one name; a 32-bit configuration stays 32-bit at any size.
 static void test_min_8bit_size(void) {
@@ -516,7 +516,7 @@ static void test_min_8bit_size(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 4. API misuse: a status, a message, no crash, nothing changed (SPEC §11)
+// 4. API misuse: a status, a message, no crash, nothing changed (DESIGN.md §11)
 
 #define MISUSE(call, what) do {                                                                        \
         arm_error();                                                                                   \

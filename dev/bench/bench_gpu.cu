@@ -1,6 +1,6 @@
 /*
 bench_gpu.cu — `make bench`: times bnb8's kernels on the GPU against the copy bandwidth measured in
-the same run (SPEC §10). CUDA events, 3 warm-ups, median of 20, buffers far larger than L2, random
+the same run (DESIGN.md §10). CUDA events, 3 warm-ups, median of 20, buffers far larger than L2, random
 data made on the GPU (never zeros). Prints ms per 1e9 elements, GB/s and % of copy bandwidth.
 `bench_gpu NAME` runs the benchmarks whose name holds NAME; `bench_gpu order` the walk-order study.
 */
@@ -128,7 +128,7 @@ static std::vector<int64_t> gpt2_xl_sizes(void) {
 }
 
 // One AdamW row: its state format, weight and gradient dtypes, the weights' correction (flash, narrow
-// weights), and the bytes per element that SPEC §10 counts for it.
+// weights), and the bytes per element that DESIGN.md §10 counts for it.
 typedef struct {
     const char *what;
     bnb8_state_format format;

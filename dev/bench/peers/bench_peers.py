@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peer benchmark for bnb8 (SPEC section 10): times the optimizers and block-wise
+"""Peer benchmark for bnb8 (DESIGN.md §10): times the optimizers and block-wise
 quantization of PyTorch, bitsandbytes and FlashOptim on the device GPU.
 
 Runs on the device with the carried, unpacked wheels on PYTHONPATH:
@@ -10,7 +10,7 @@ Method: CUDA events around each repetition, 5 warm-up calls, median of >= 20
 repetitions, buffers far larger than the 50 MB L2, random data (never zeros),
 and the device-to-device copy bandwidth of a 2 GiB buffer (bytes read + written)
 measured in the same run.  Reports ms per 1e9 parameters, GB/s (bytes per element
-as SPEC section 10 counts them) and % of the copy bandwidth.  Each peer runs in
+as DESIGN.md §10 counts them) and % of the copy bandwidth.  Each peer runs in
 try/except: a failure prints "peer X: not run (reason)" and the script goes on.
 If the environment variable OUT is set, the rows are also written to $OUT/peers.csv.
 
@@ -52,7 +52,7 @@ COPY_ELEMS = 1 << 29     # fp32 -> 2 GiB buffer
 QUANT_ELEMS = 1 << 28
 QUANT_BLOCK = 4096
 
-# bytes moved per element, as SPEC section 10 counts them
+# bytes moved per element, as DESIGN.md §10 counts them
 BPE_8BIT = 16.0    # fp32 p r/w 8 + g 4 + m r/w 2 + v r/w 2
 BPE_32BIT = 28.0   # fp32 p r/w 8 + g 4 + m r/w 8 + v r/w 8
 BPE_FLASH = 12.25  # bf16 p r/w 4 + bf16 g 2 + ecc r/w 2 + m r/w 2 + v r/w 2 + scales 0.25
