@@ -36,8 +36,12 @@ else
   LIB_OBJS   := $(BUILD)/bnb8.o
 endif
 
-TEST_SRCS := $(filter-out test/test_train_gpu.c,$(wildcard test/test_*.c))   # the GPU trainer test links CUDA
+# the GPU trainer test links CUDA; the harness (test.h's runner) is built once, for every test program
+TEST_SRCS := $(filter-out test/test_train_gpu.c test/test_harness.c,$(wildcard test/test_*.c))
 HEADERS   := bnb8.h test/test.h
+# The trainer: its main file, the CPU model and the data side (gpt2_cuda.cu joins in the CUDA build).
+TRAIN_SRCS    := train_gpt2_8bit.c gpt2_cpu.c gpt2_data.c
+TRAIN_HEADERS := train_gpt2_8bit.h gpt2.h gpt2_cpu.h gpt2_data.h gpt2_cuda.h bnb8.h
 
 .PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu clean
 all: info $(BUILD)/libbnb8.a $(if $(NVCC),$(BUILD)/train_gpt2_8bit_cuda)
@@ -67,9 +71,14 @@ $(BUILD)/libbnb8.a: $(LIB_OBJS)
 	$(AR) rcs $@ $^
 
 # CPU tests: one program, every test/test_*.c; the last line it prints is "N passed, M failed".
-# test/test_train.c includes train_gpt2_8bit.c (built with -DTRAIN_NO_MAIN) to reach the model.
-$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/bnb8.o $(HEADERS) train_gpt2_8bit.c | $(BUILD)
-	$(CC) $(CFLAGS) $(TEST_SRCS) $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+# The trainer's tests include its headers and link it built with -DTRAIN_NO_MAIN.
+$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/test_harness.o $(BUILD)/bnb8.o $(HEADERS) $(TRAIN_SRCS) $(TRAIN_HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -DTRAIN_NO_MAIN $(TEST_SRCS) $(TRAIN_SRCS) $(BUILD)/test_harness.o $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+
+# The one test harness (test/test.h: EXPECT, test_run, test_summary, the seeded RNG), in C: the CPU
+# suite and the CUDA test programs link it.
+$(BUILD)/test_harness.o: test/test_harness.c test/test.h | $(BUILD)
+	$(CC) $(CFLAGS) -c $< -o $@
 
 # The README's example must compile and run as printed.
 $(BUILD)/readme_example: README.md $(BUILD)/bnb8.o | $(BUILD)
@@ -100,12 +109,12 @@ FUZZ         ?= $(FUZZ_NAMES)
 FUZZ_CFLAGS  := -g -O1 -std=c11 -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas -ffp-contract=off \
                 -fno-fast-math -I. \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-$(BUILD)/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h bnb8.c bnb8.h train_gpt2_8bit.c | $(BUILD)
+$(BUILD)/fuzz/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_util.h bnb8.c bnb8.h $(TRAIN_SRCS) $(TRAIN_HEADERS) | $(BUILD)
 	@mkdir -p $(BUILD)/fuzz
 	@printf 'int LLVMFuzzerTestOneInput(const char *d, long n){(void)d;(void)n;return 0;}' | \
 	    $(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null || \
 	    { echo "bnb8: make fuzz needs clang with libFuzzer: apt-get install clang libclang-rt-dev"; exit 1; }
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $< bnb8.c -o $@ -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -DTRAIN_NO_MAIN $< bnb8.c $(TRAIN_SRCS) -o $@ -lm
 
 fuzz: $(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ))
 	@for h in $(FUZZ); do \
@@ -124,8 +133,8 @@ fuzz: $(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ))
 # its defaults on the embedded fortunes data; pass flags with TRAIN_ARGS="-n 300 -o out".
 TRAIN_OPT := $(shell printf 'int main(void){return 0;}' | $(CC) -march=native -x c - -o /dev/null 2>/dev/null && echo -march=native)
 TRAIN_ARGS ?=
-$(BUILD)/train_gpt2_8bit: train_gpt2_8bit.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
-	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+$(BUILD)/train_gpt2_8bit: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/bnb8.o | $(BUILD)
+	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) $(TRAIN_SRCS) $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
 # The trainer with the GPU model (-DTRAIN_CUDA, gpt2_cuda.cu, cuBLASLt): `make` builds it when nvcc is
 # there (so CI compiles it). `make train` runs it when nvidia-smi sees a GPU (d12, flash + release,
@@ -133,8 +142,8 @@ $(BUILD)/train_gpt2_8bit: train_gpt2_8bit.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
 GPU ?= $(if $(GPU_CC),1)
 TRAIN_BIN := $(if $(and $(NVCC),$(GPU)),$(BUILD)/train_gpt2_8bit_cuda,$(BUILD)/train_gpt2_8bit)
 TRAIN_CUDA_LIBS := $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a $(CUDA_LIBS) -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lstdc++
-$(BUILD)/train_gpt2_8bit_cuda: train_gpt2_8bit.c $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a gpt2_cuda.h bnb8.h | $(BUILD)
-	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) -DTRAIN_CUDA $< -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
+$(BUILD)/train_gpt2_8bit_cuda: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a | $(BUILD)
+	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) -DTRAIN_CUDA $(TRAIN_SRCS) -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
 
 train: info $(TRAIN_BIN)
 	./$(TRAIN_BIN) $(TRAIN_ARGS)
@@ -147,25 +156,29 @@ bench-cpu: info $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
 
 # GPU tests and benchmarks: need nvcc to build and a GPU to run.
-$(BUILD)/test_gpu: test/test_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
-	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
+$(BUILD)/test_gpu: test/test_gpu.cu $(BUILD)/test_harness.o $(BUILD)/libbnb8.a bnb8.h test/test.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/test_harness.o $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
 
 $(BUILD)/bench_gpu: dev/bench/bench_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
 
 # The GPU GPT-2 model (gpt2_cuda.cu, cuBLASLt) and its device test against the trainer's CPU model
-# (test/gpt2_cpu_ref.c compiles train_gpt2_8bit.c with -DTRAIN_NO_MAIN).
-$(BUILD)/gpt2_cuda.o: gpt2_cuda.cu gpt2_cuda.h bnb8.h | $(BUILD)
+# (test/gpt2_cpu_ref.c: gpt2_cpu.h behind plain C calls, linked with gpt2_cpu.o and gpt2_data.o).
+$(BUILD)/gpt2_cuda.o: gpt2_cuda.cu gpt2_cuda.h gpt2.h bnb8.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/gpt2_cpu_ref.o: test/gpt2_cpu_ref.c test/gpt2_cpu_ref.h train_gpt2_8bit.c bnb8.h | $(BUILD)
+$(BUILD)/gpt2_cpu_ref.o: test/gpt2_cpu_ref.c test/gpt2_cpu_ref.h $(TRAIN_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/gpt2_cuda.o $(BUILD)/gpt2_cpu_ref.o $(BUILD)/libbnb8.a gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h | $(BUILD)
-	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/gpt2_cuda.o $(BUILD)/gpt2_cpu_ref.o $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
+$(BUILD)/gpt2_%.o: gpt2_%.c $(TRAIN_HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/test_train_gpu: test/test_train_gpu.c train_gpt2_8bit.c $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a gpt2_cuda.h bnb8.h test/test.h | $(BUILD)
-	$(CC) $(CFLAGS) -DTRAIN_CUDA $< -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
+GPT2_REF_OBJS := $(BUILD)/gpt2_cpu_ref.o $(BUILD)/gpt2_cpu.o $(BUILD)/gpt2_data.o
+$(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h test/test.h | $(BUILD)
+	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
+
+$(BUILD)/test_train_gpu: test/test_train_gpu.c $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a test/test.h | $(BUILD)
+	$(CC) $(CFLAGS) -DTRAIN_CUDA -DTRAIN_NO_MAIN $< $(TRAIN_SRCS) $(BUILD)/test_harness.o -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
 
 ifneq ($(NVCC),)
 test-gpu: info $(BUILD)/test_gpu

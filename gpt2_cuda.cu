@@ -1,5 +1,5 @@
 /*
-gpt2_cuda.cu — the GPT-2 model of train_gpt2_8bit.c on one NVIDIA GPU: forward and backward in
+gpt2_cuda.cu — the GPT-2 model (gpt2_cpu.c's, the same tensors and math) on one NVIDIA GPU: forward and backward in
 fp32 (parity with the CPU model) or bf16 (speed), interface in gpt2_cuda.h.
 
 Written from the math, in the flat style of the CPU model: one kernel per operation, shapes in
@@ -537,9 +537,9 @@ struct GPT2Cuda {
     GPT2CudaConfig c;
     int precision;
     size_t elem;                               // bytes of one parameter / activation element
-    int64_t param_sizes[GPT2_CUDA_NUM_PARAMS], num_parameters;
+    int64_t param_sizes[GPT2_NUM_PARAMS], num_parameters;
     void *params_memory;
-    void *params[GPT2_CUDA_NUM_PARAMS];        // views into params_memory
+    void *params[GPT2_NUM_PARAMS];        // views into params_memory
     int64_t Bmax, Tmax, B, T;                  // allocated for (Bmax, Tmax); last forward (B, T)
     size_t act_bytes[NUM_ACTS], acts_total;
     void *acts_memory;
@@ -828,9 +828,9 @@ static int layer_forward(GPT2Cuda *m, int64_t l, const LayerActs<T> &a, T *out) 
     m->one_layer = -1;
 
     PHASE("fwd layernorm ln1/ln2");
-    TRY(layernorm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[2] + l * C, p[3] + l * C, BT, (int)C));
+    TRY(layernorm_forward(m, a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p[GPT2_LN1W] + l * C, p[GPT2_LN1B] + l * C, BT, (int)C));
     PHASE("fwd matmul qkv");
-    TRY(mm_nt(m, a.qkv, a.ln1, p[4] + l * 3 * C * C, p[5] + l * 3 * C, BT, 3 * C, C));
+    TRY(mm_nt(m, a.qkv, a.ln1, p[GPT2_QKVW] + l * 3 * C * C, p[GPT2_QKVB] + l * 3 * C, BT, 3 * C, C));
     // attention: q, k, v to (B, NH, T, hs); att (B, NH, T, T) = softmax(q k^T / sqrt(hs)); y = att v
     PHASE("fwd attn permute qkv");
     TRY(permute(m, qkvp, a.qkv, 3, 0));
@@ -843,18 +843,18 @@ static int layer_forward(GPT2Cuda *m, int64_t l, const LayerActs<T> &a, T *out) 
     PHASE("fwd attn unpermute y");
     TRY(permute(m, a.atty, yp, 1, 1));
     PHASE("fwd matmul attproj");
-    TRY(mm_nt(m, a.res2, a.atty, p[6] + l * C * C, p[7] + l * C, BT, C, C));
+    TRY(mm_nt(m, a.res2, a.atty, p[GPT2_ATTPROJW] + l * C * C, p[GPT2_ATTPROJB] + l * C, BT, C, C));
     PHASE("fwd residual");
     TRY(elementwise(m, a.res2, a.residual, BTC, 2));
     PHASE("fwd layernorm ln1/ln2");
-    TRY(layernorm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[8] + l * C, p[9] + l * C, BT, (int)C));
+    TRY(layernorm_forward(m, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[GPT2_LN2W] + l * C, p[GPT2_LN2B] + l * C, BT, (int)C));
     PHASE("fwd matmul fc");
-    TRY(mm_nt(m, a.fch, a.ln2, p[10] + l * 4 * C * C, p[11] + l * 4 * C, BT, 4 * C, C));
+    TRY(mm_nt(m, a.fch, a.ln2, p[GPT2_FCW] + l * 4 * C * C, p[GPT2_FCB] + l * 4 * C, BT, 4 * C, C));
     PHASE("fwd gelu");
     TRY(elementwise(m, a.fchg, a.fch, 4 * BTC, 0));
     if (out) {
         PHASE("fwd matmul fcproj");
-        TRY(mm_nt(m, out, a.fchg, p[12] + l * 4 * C * C, p[13] + l * C, BT, C, 4 * C));
+        TRY(mm_nt(m, out, a.fchg, p[GPT2_FCPROJW] + l * 4 * C * C, p[GPT2_FCPROJB] + l * C, BT, C, 4 * C));
         PHASE("fwd residual");
         TRY(elementwise(m, out, a.res2, BTC, 2));
     }
@@ -876,12 +876,12 @@ static int forward_impl(GPT2Cuda *m, int has_targets, int for_backward) {
     unsigned eb = (unsigned)cdiv(BTC, 256);
     if (c->stable_embedding) {
         T *tokemb = (T *)m->act[A_TOKEMB];
-        encoder_forward_kernel<T><<<eb, 256, 0, m->stream>>>(tokemb, p[0], p[1], tok_inputs(m, tokens), BT, (int)T_, (int)C, 2);
+        encoder_forward_kernel<T><<<eb, 256, 0, m->stream>>>(tokemb, p[GPT2_WTE], p[GPT2_WPE], tok_inputs(m, tokens), BT, (int)T_, (int)C, 2);
         LAUNCHED();
-        TRY(layernorm_forward(m, encoded, (float *)m->act[A_LNE_MEAN], (float *)m->act[A_LNE_RSTD], tokemb, p[16], p[17], BT, (int)C));
-        encoder_forward_kernel<T><<<eb, 256, 0, m->stream>>>(encoded, p[0], p[1], tok_inputs(m, tokens), BT, (int)T_, (int)C, 1);
+        TRY(layernorm_forward(m, encoded, (float *)m->act[A_LNE_MEAN], (float *)m->act[A_LNE_RSTD], tokemb, p[GPT2_LNEW], p[GPT2_LNEB], BT, (int)C));
+        encoder_forward_kernel<T><<<eb, 256, 0, m->stream>>>(encoded, p[GPT2_WTE], p[GPT2_WPE], tok_inputs(m, tokens), BT, (int)T_, (int)C, 1);
     } else {
-        encoder_forward_kernel<T><<<eb, 256, 0, m->stream>>>(encoded, p[0], p[1], tok_inputs(m, tokens), BT, (int)T_, (int)C, 0);
+        encoder_forward_kernel<T><<<eb, 256, 0, m->stream>>>(encoded, p[GPT2_WTE], p[GPT2_WPE], tok_inputs(m, tokens), BT, (int)T_, (int)C, 0);
     }
     LAUNCHED();
 
@@ -892,9 +892,9 @@ static int forward_impl(GPT2Cuda *m, int has_targets, int for_backward) {
     PHASE("fwd layernorm");
     T *lnf = (T *)m->act[A_LNF], *logits = (T *)m->act[A_LOGITS];
     TRY(layernorm_forward(m, lnf, (float *)m->act[A_LNF_MEAN], (float *)m->act[A_LNF_RSTD],
-                          (T *)m->act[A_RES3] + (L - 1) * BTC, p[14], p[15], BT, (int)C));
+                          (T *)m->act[A_RES3] + (L - 1) * BTC, p[GPT2_LNFW], p[GPT2_LNFB], BT, (int)C));
     PHASE("fwd lm_head");
-    TRY(mm_nt(m, logits, lnf, p[0], (const T *)NULL, BT, Vp, C));     // tied: wte is the lm_head
+    TRY(mm_nt(m, logits, lnf, p[GPT2_WTE], (const T *)NULL, BT, Vp, C));     // tied: wte is the lm_head
     if (has_targets) {
         PHASE("fwd softmax+xent");
         if (Vp % VecW<T>::W == 0)
@@ -946,13 +946,13 @@ extern "C" int gpt2_cuda_forward(GPT2Cuda *m, const int *inputs, const int *targ
 // Backward
 
 template <typename T, typename G>
-static int backward_impl(GPT2Cuda *m, const GPT2CudaGrads *g, int acc, gpt2_cuda_grads_ready ready, void *ctx) {
+static int backward_impl(GPT2Cuda *m, const GPT2CudaGrads *g, int acc, gpt2_grads_ready ready, void *ctx) {
     const GPT2CudaConfig *c = &m->c;
     int64_t B = m->B, T_ = m->T, C = c->channels, L = c->num_layers, NH = c->num_heads, BT = B * T_, hs = C / NH;
     int64_t Vp = c->padded_vocab_size, BTC = BT * C;
     T **p = (T **)m->params;
-    G *gw[GPT2_CUDA_NUM_PARAMS];
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) gw[i] = (G *)g->tensor[i];
+    G *gw[GPT2_NUM_PARAMS];
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) gw[i] = (G *)g->tensor[i];
     T *dres = (T *)m->act[A_DRES], *dbuf = (T *)m->act[A_DBUF], *dbuf4 = (T *)m->act[A_DBUF4], *dqkv = (T *)m->act[A_DQKV];
     T *qkvp = (T *)m->act[A_QKVP], *dqkvp = (T *)m->act[A_DQKVP], *dyp = (T *)m->act[A_YP], *datt = (T *)m->act[A_DATT];
     T *dlogits = (T *)m->act[A_LOGITS], *lnf = (T *)m->act[A_LNF];
@@ -970,16 +970,16 @@ static int backward_impl(GPT2Cuda *m, const GPT2CudaGrads *g, int acc, gpt2_cuda
 
     // lm_head (tied to wte): dlnf = dlogits @ wte; dwte (+)= dlogits^T @ lnf (the encoder adds the rest)
     PHASE("bwd lm_head dx");
-    TRY(mm_nn(m, dbuf, dlogits, p[0], BT, C, Vp));
+    TRY(mm_nn(m, dbuf, dlogits, p[GPT2_WTE], BT, C, Vp));
     PHASE("bwd lm_head dW");
-    TRY(mm_tn(m, gw[0], dlogits, lnf, Vp, C, BT, beta));
+    TRY(mm_tn(m, gw[GPT2_WTE], dlogits, lnf, Vp, C, BT, beta));
     PHASE("bwd layernorm lnf");
     const T *res_last = (T *)m->act[A_RES3] + (L - 1) * BTC;
     const float *lnf_mean = (float *)m->act[A_LNF_MEAN], *lnf_rstd = (float *)m->act[A_LNF_RSTD];
-    TRY(layernorm_backward_dx(m, dres, dbuf, res_last, p[14], lnf_mean, lnf_rstd, BT, (int)C, 0));
+    TRY(layernorm_backward_dx(m, dres, dbuf, res_last, p[GPT2_LNFW], lnf_mean, lnf_rstd, BT, (int)C, 0));
     PHASE("bwd layernorm params");
-    TRY(colsum(m, gw[14], gw[15], dbuf, res_last, lnf_mean, lnf_rstd, BT, (int)C, acc));
-    TRY(done(GPT2_CUDA_GRADS_LNF));
+    TRY(colsum(m, gw[GPT2_LNFW], gw[GPT2_LNFB], dbuf, res_last, lnf_mean, lnf_rstd, BT, (int)C, acc));
+    TRY(done(GPT2_GRADS_LNF));
 
     for (int64_t l = L - 1; l >= 0; l--) {
         LayerActs<T> a = layer_acts<T>(m, l);
@@ -998,31 +998,31 @@ static int backward_impl(GPT2Cuda *m, const GPT2CudaGrads *g, int acc, gpt2_cuda
 
         // MLP: fcproj, GELU, fc
         PHASE("bwd matmul fcproj dx");
-        TRY(mm_nn(m, dbuf4, dres, p[12] + l * 4 * C * C, BT, 4 * C, C));
+        TRY(mm_nn(m, dbuf4, dres, p[GPT2_FCPROJW] + l * 4 * C * C, BT, 4 * C, C));
         PHASE("bwd matmul fcproj dW");
-        TRY(mm_tn(m, slice(12, l), dres, fchg, C, 4 * C, BT, beta));
+        TRY(mm_tn(m, slice(GPT2_FCPROJW, l), dres, fchg, C, 4 * C, BT, beta));
         PHASE("bwd bias");
-        TRY(colsum(m, slice(13, l), (G *)NULL, dres, (const T *)NULL, NULL, NULL, BT, (int)C, acc));
+        TRY(colsum(m, slice(GPT2_FCPROJB, l), (G *)NULL, dres, (const T *)NULL, NULL, NULL, BT, (int)C, acc));
         PHASE("bwd gelu");
         TRY(elementwise(m, dbuf4, fch, 4 * BTC, 1));
         PHASE("bwd matmul fc dx");
-        TRY(mm_nn(m, dbuf, dbuf4, p[10] + l * 4 * C * C, BT, C, 4 * C));
+        TRY(mm_nn(m, dbuf, dbuf4, p[GPT2_FCW] + l * 4 * C * C, BT, C, 4 * C));
         PHASE("bwd matmul fc dW");
-        TRY(mm_tn(m, slice(10, l), dbuf4, ln2, 4 * C, C, BT, beta));
+        TRY(mm_tn(m, slice(GPT2_FCW, l), dbuf4, ln2, 4 * C, C, BT, beta));
         PHASE("bwd bias");
-        TRY(colsum(m, slice(11, l), (G *)NULL, dbuf4, (const T *)NULL, NULL, NULL, BT, (int)(4 * C), acc));
+        TRY(colsum(m, slice(GPT2_FCB, l), (G *)NULL, dbuf4, (const T *)NULL, NULL, NULL, BT, (int)(4 * C), acc));
         PHASE("bwd layernorm ln2");
-        TRY(layernorm_backward_dx(m, dres, dbuf, res2, p[8] + l * C, ln2_mean, ln2_rstd, BT, (int)C, 1));
+        TRY(layernorm_backward_dx(m, dres, dbuf, res2, p[GPT2_LN2W] + l * C, ln2_mean, ln2_rstd, BT, (int)C, 1));
         PHASE("bwd layernorm params");
-        TRY(colsum(m, slice(8, l), slice(9, l), dbuf, res2, ln2_mean, ln2_rstd, BT, (int)C, acc));
+        TRY(colsum(m, slice(GPT2_LN2W, l), slice(GPT2_LN2B, l), dbuf, res2, ln2_mean, ln2_rstd, BT, (int)C, acc));
 
         // attention: dres now holds d(residual2[l]), the gradient of both residual and attproj's output
         PHASE("bwd matmul attproj dx");
-        TRY(mm_nn(m, dbuf, dres, p[6] + l * C * C, BT, C, C));
+        TRY(mm_nn(m, dbuf, dres, p[GPT2_ATTPROJW] + l * C * C, BT, C, C));
         PHASE("bwd matmul attproj dW");
-        TRY(mm_tn(m, slice(6, l), dres, atty, C, C, BT, beta));
+        TRY(mm_tn(m, slice(GPT2_ATTPROJW, l), dres, atty, C, C, BT, beta));
         PHASE("bwd bias");
-        TRY(colsum(m, slice(7, l), (G *)NULL, dres, (const T *)NULL, NULL, NULL, BT, (int)C, acc));
+        TRY(colsum(m, slice(GPT2_ATTPROJB, l), (G *)NULL, dres, (const T *)NULL, NULL, NULL, BT, (int)C, acc));
         PHASE("bwd attn permute qkv, dy");
         TRY(permute(m, qkvp, qkv, 3, 0));
         TRY(permute(m, dyp, dbuf, 1, 0));
@@ -1039,42 +1039,42 @@ static int backward_impl(GPT2Cuda *m, const GPT2CudaGrads *g, int acc, gpt2_cuda
         PHASE("bwd attn unpermute dqkv");
         TRY(permute(m, dqkv, dqkvp, 3, 1));
         PHASE("bwd matmul qkv dx");
-        TRY(mm_nn(m, dbuf, dqkv, p[4] + l * 3 * C * C, BT, C, 3 * C));
+        TRY(mm_nn(m, dbuf, dqkv, p[GPT2_QKVW] + l * 3 * C * C, BT, C, 3 * C));
         PHASE("bwd matmul qkv dW");
-        TRY(mm_tn(m, slice(4, l), dqkv, ln1, 3 * C, C, BT, beta));
+        TRY(mm_tn(m, slice(GPT2_QKVW, l), dqkv, ln1, 3 * C, C, BT, beta));
         PHASE("bwd bias");
-        TRY(colsum(m, slice(5, l), (G *)NULL, dqkv, (const T *)NULL, NULL, NULL, BT, (int)(3 * C), acc));
+        TRY(colsum(m, slice(GPT2_QKVB, l), (G *)NULL, dqkv, (const T *)NULL, NULL, NULL, BT, (int)(3 * C), acc));
         PHASE("bwd layernorm ln1");
-        TRY(layernorm_backward_dx(m, dres, dbuf, residual, p[2] + l * C, ln1_mean, ln1_rstd, BT, (int)C, 1));
+        TRY(layernorm_backward_dx(m, dres, dbuf, residual, p[GPT2_LN1W] + l * C, ln1_mean, ln1_rstd, BT, (int)C, 1));
         PHASE("bwd layernorm params");
-        TRY(colsum(m, slice(2, l), slice(3, l), dbuf, residual, ln1_mean, ln1_rstd, BT, (int)C, acc));
+        TRY(colsum(m, slice(GPT2_LN1W, l), slice(GPT2_LN1B, l), dbuf, residual, ln1_mean, ln1_rstd, BT, (int)C, acc));
         TRY(done((int)l));
     }
 
     // encoder: dres = d(encoded), to wpe by position and to wte (through StableEmbedding's LayerNorm)
     PHASE("bwd encoder");
-    wpe_backward_kernel<T, G><<<(unsigned)cdiv(c->max_seq_len * C, 256), 256, 0, m->stream>>>(gw[1], dres, (int)B, (int)T_, c->max_seq_len, (int)C, acc);
+    wpe_backward_kernel<T, G><<<(unsigned)cdiv(c->max_seq_len * C, 256), 256, 0, m->stream>>>(gw[GPT2_WPE], dres, (int)B, (int)T_, c->max_seq_len, (int)C, acc);
     LAUNCHED();
     const T *dtok = dres;
     if (c->stable_embedding) {
         const T *tokemb = (T *)m->act[A_TOKEMB];
         const float *lne_mean = (float *)m->act[A_LNE_MEAN], *lne_rstd = (float *)m->act[A_LNE_RSTD];
-        TRY(layernorm_backward_dx(m, dbuf, dres, tokemb, p[16], lne_mean, lne_rstd, BT, (int)C, 0));
-        TRY(colsum(m, gw[16], gw[17], dres, tokemb, lne_mean, lne_rstd, BT, (int)C, acc));
+        TRY(layernorm_backward_dx(m, dbuf, dres, tokemb, p[GPT2_LNEW], lne_mean, lne_rstd, BT, (int)C, 0));
+        TRY(colsum(m, gw[GPT2_LNEW], gw[GPT2_LNEB], dres, tokemb, lne_mean, lne_rstd, BT, (int)C, acc));
         dtok = dbuf;
     }
-    wte_backward_kernel<T, G><<<(unsigned)m->n_uniq, 256, 0, m->stream>>>(gw[0], dtok, tok_uniq(m, tokens), tok_start(m, tokens),
+    wte_backward_kernel<T, G><<<(unsigned)m->n_uniq, 256, 0, m->stream>>>(gw[GPT2_WTE], dtok, tok_uniq(m, tokens), tok_start(m, tokens),
                                                                           tok_pos(m, tokens), (int)C);
     LAUNCHED();
-    TRY(done(GPT2_CUDA_GRADS_EMBED));
+    TRY(done(GPT2_GRADS_EMBED));
     PHASE(NULL);
     return 0;
 }
 
-extern "C" int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2_cuda_grads_ready ready, void *ctx) {
+extern "C" int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2_grads_ready ready, void *ctx) {
     if (!m || !g) return fail("gpt2_cuda_backward: NULL model or gradients");
     if (!m->has_dlogits) return fail("gpt2_cuda_backward: the last forward had no targets or for_backward = 0");
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++)
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++)
         if (m->param_sizes[i] && !g->tensor[i]) return fail("gpt2_cuda_backward: gradient tensor %d is NULL", i);
     if (g->dtype == GPT2_CUDA_FP32 && m->precision == GPT2_CUDA_FP32) return backward_impl<float, float>(m, g, accumulate != 0, ready, ctx);
     if (g->dtype == GPT2_CUDA_FP32 && m->precision == GPT2_CUDA_BF16) return backward_impl<bf16, float>(m, g, accumulate != 0, ready, ctx);
@@ -1094,24 +1094,25 @@ static int config_ok(const GPT2CudaConfig *c) {
 
 static int create_inner(GPT2Cuda *m, int B, int T) {
     const GPT2CudaConfig *c = &m->c;
-    int64_t Vp = c->padded_vocab_size, C = c->channels, L = c->num_layers, maxT = c->max_seq_len, NH = c->num_heads;
+    int64_t Vp = c->padded_vocab_size, C = c->channels, L = c->num_layers, NH = c->num_heads;
     int64_t st = c->stable_embedding ? 1 : 0;
-    int64_t sizes[GPT2_CUDA_NUM_PARAMS] = {Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-                                           L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C, st * C, st * C};
-    memcpy(m->param_sizes, sizes, sizeof sizes);
+    GPT2Config shape = {c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads, c->channels,
+                        c->stable_embedding};
+    int64_t *sizes = m->param_sizes;
+    gpt2_param_sizes(&shape, sizes);
     m->num_parameters = 0;
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) m->num_parameters += sizes[i];
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) m->num_parameters += sizes[i];
     m->elem = m->precision == GPT2_CUDA_BF16 ? 2 : 4;
     CU(cudaMalloc(&m->params_memory, m->elem * (size_t)m->num_parameters));
     CU(cudaMemset(m->params_memory, 0, m->elem * (size_t)m->num_parameters));
     char *pp = (char *)m->params_memory;
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) { m->params[i] = sizes[i] ? pp : NULL; pp += m->elem * (size_t)sizes[i]; }
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { m->params[i] = sizes[i] ? pp : NULL; pp += m->elem * (size_t)sizes[i]; }
 
     m->Bmax = B; m->Tmax = T;
     int64_t BT = (int64_t)B * T, X = (int64_t)m->elem, F = 4;
     int64_t nchunks = cdiv(BT, COLSUM_ROWS);
     m->partial_floats = nchunks * 2 * 4 * C;
-    if (m->partial_floats < GPT2_CUDA_NUM_PARAMS * NORM_BLOCKS) m->partial_floats = GPT2_CUDA_NUM_PARAMS * NORM_BLOCKS;
+    if (m->partial_floats < GPT2_NUM_PARAMS * NORM_BLOCKS) m->partial_floats = GPT2_NUM_PARAMS * NORM_BLOCKS;
     // one layer's activations, A_LN1 .. A_FCH_GELU: L of them, or one with recompute (the other block empty)
     int64_t layer[NUM_LAYER_ACTS] = {X * BT * C, F * BT, F * BT, X * BT * 3 * C, X * BT * C, X * B * NH * T * T,
                                      X * BT * C, X * BT * C, F * BT, F * BT, X * BT * 4 * C, X * BT * 4 * C};
@@ -1186,12 +1187,12 @@ extern "C" void gpt2_cuda_free(GPT2Cuda *m) {
 extern "C" int gpt2_cuda_precision(const GPT2Cuda *m) { return m->precision; }
 extern "C" struct CUstream_st *gpt2_cuda_stream(const GPT2Cuda *m) { return m->stream; }
 extern "C" int64_t gpt2_cuda_num_parameters(const GPT2Cuda *m) { return m->num_parameters; }
-extern "C" void gpt2_cuda_param_sizes(const GPT2Cuda *m, int64_t sizes[GPT2_CUDA_NUM_PARAMS]) {
+extern "C" void gpt2_cuda_param_sizes(const GPT2Cuda *m, int64_t sizes[GPT2_NUM_PARAMS]) {
     memcpy(sizes, m->param_sizes, sizeof m->param_sizes);
 }
 extern "C" void *gpt2_cuda_params(GPT2Cuda *m) { return m->params_memory; }
 extern "C" void *gpt2_cuda_param_tensor(GPT2Cuda *m, int i) {
-    return i >= 0 && i < GPT2_CUDA_NUM_PARAMS ? m->params[i] : NULL;
+    return i >= 0 && i < GPT2_NUM_PARAMS ? m->params[i] : NULL;
 }
 
 // fp32 host <-> device parameters; bf16 through a host staging buffer, STAGE elements at a time.
@@ -1264,7 +1265,7 @@ extern "C" int gpt2_cuda_grads_point(const GPT2Cuda *m, GPT2CudaGrads *g, void *
     if (dtype != GPT2_CUDA_FP32 && dtype != GPT2_CUDA_BF16) return fail("gpt2_cuda_grads_point: dtype %d", dtype);
     size_t es = dtype == GPT2_CUDA_BF16 ? 2 : 4;
     char *p = (char *)memory;
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) { g->tensor[i] = m->param_sizes[i] ? p : NULL; p += es * (size_t)m->param_sizes[i]; }
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { g->tensor[i] = m->param_sizes[i] ? p : NULL; p += es * (size_t)m->param_sizes[i]; }
     g->dtype = dtype;
     g->reuse_layer_slice = 0;
     g->memory = NULL;
@@ -1277,16 +1278,16 @@ extern "C" int gpt2_cuda_grads_alloc(const GPT2Cuda *m, GPT2CudaGrads *g, int dt
     if (dtype != GPT2_CUDA_FP32 && dtype != GPT2_CUDA_BF16) return fail("gpt2_cuda_grads_alloc: dtype %d", dtype);
     if (dtype == GPT2_CUDA_BF16 && m->precision != GPT2_CUDA_BF16) return fail("gpt2_cuda_grads_alloc: bf16 gradients need a bf16 model");
     size_t es = dtype == GPT2_CUDA_BF16 ? 2 : 4, total = 0;
-    int64_t n[GPT2_CUDA_NUM_PARAMS];
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) {
-        int layer = i >= GPT2_CUDA_FIRST_LAYER_PARAM && i <= GPT2_CUDA_LAST_LAYER_PARAM;
+    int64_t n[GPT2_NUM_PARAMS];
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+        int layer = i >= GPT2_FIRST_LAYER_PARAM && i <= GPT2_LAST_LAYER_PARAM;
         n[i] = reuse_layer_slice && layer ? m->param_sizes[i] / m->c.num_layers : m->param_sizes[i];
         total += (size_t)cdiv(es * (size_t)n[i], 256) * 256;    // every tensor 256-byte aligned
     }
     CU(cudaMalloc(&g->memory, total));
     CU(cudaMemset(g->memory, 0, total));
     char *p = (char *)g->memory;
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) { g->tensor[i] = n[i] ? p : NULL; p += cdiv(es * (size_t)n[i], 256) * 256; }
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { g->tensor[i] = n[i] ? p : NULL; p += cdiv(es * (size_t)n[i], 256) * 256; }
     g->dtype = dtype;
     g->reuse_layer_slice = reuse_layer_slice;
     if (bytes) *bytes = total;
@@ -1318,7 +1319,7 @@ extern "C" int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *
     if (!m || !g || !norm) return fail("gpt2_cuda_grad_norm: NULL argument");
     if (g->reuse_layer_slice) return fail("gpt2_cuda_grad_norm: needs full gradients, not per-layer slices (gradient release)");
     float *partial = (float *)m->act[A_PARTIAL];
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++) {
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         if (!m->param_sizes[i]) continue;
         if (g->dtype == GPT2_CUDA_BF16)
             sumsq_kernel<bf16><<<NORM_BLOCKS, 256, 0, m->stream>>>(partial + i * NORM_BLOCKS, (const bf16 *)g->tensor[i], m->param_sizes[i]);
@@ -1326,11 +1327,11 @@ extern "C" int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *
             sumsq_kernel<float><<<NORM_BLOCKS, 256, 0, m->stream>>>(partial + i * NORM_BLOCKS, (const float *)g->tensor[i], m->param_sizes[i]);
         LAUNCHED();
     }
-    static float host[GPT2_CUDA_NUM_PARAMS * NORM_BLOCKS];
+    static float host[GPT2_NUM_PARAMS * NORM_BLOCKS];
     CU(cudaMemcpyAsync(host, partial, sizeof host, cudaMemcpyDeviceToHost, m->stream));
     CU(cudaStreamSynchronize(m->stream));
     double s = 0.0;
-    for (int i = 0; i < GPT2_CUDA_NUM_PARAMS; i++)
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++)
         if (m->param_sizes[i])
             for (int b = 0; b < NORM_BLOCKS; b++) s += host[i * NORM_BLOCKS + b];
     *norm = sqrt(s);

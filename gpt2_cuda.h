@@ -1,7 +1,7 @@
 /*
 gpt2_cuda.h — the GPT-2 model on one NVIDIA GPU (gpt2_cuda.cu), for train_gpt2_8bit.c.
 
-The same model as the CPU one in train_gpt2_8bit.c (pre-LayerNorm GPT-2, GELU-tanh, tied wte /
+The same model as the CPU one in gpt2_cpu.c (pre-LayerNorm GPT-2, GELU-tanh, tied wte /
 lm_head, learned positions, optional StableEmbedding), with the same 18 parameter tensors in the
 same order and layout, so weights copy from a CPU model with one call. Two precisions, chosen at
 creation:
@@ -23,6 +23,7 @@ Plain C; the CUDA stream is passed as struct CUstream_st * (a cudaStream_t), as 
 
 #include <stdint.h>
 #include <stddef.h>
+#include "gpt2.h"   // GPT2Config's fields, the parameter tensors, the grads_ready callback
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,8 +31,8 @@ extern "C" {
 
 struct CUstream_st;
 
-// Field for field the trainer's GPT2Config (train_gpt2_8bit.c), then this model's options (0: off, so
-// a zero-initialized config gets today's model).
+// Field for field gpt2.h's GPT2Config, then this model's options (0: off, so a zero-initialized config
+// gets today's model).
 typedef struct {
     int max_seq_len;          // maxT: rows of wpe
     int vocab_size;           // V
@@ -49,14 +50,7 @@ typedef struct {
 // Precision of the model (weights, activations) and dtype of a gradient buffer.
 enum { GPT2_CUDA_FP32 = 0, GPT2_CUDA_BF16 = 1 };
 
-// The parameter tensors, in the CPU model's order: wte (Vp, C), wpe (maxT, C), ln1w (L, C),
-// ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C), ln2w (L, C),
-// ln2b (L, C), fcw (L, 4C, C), fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw (C), lnfb (C),
-// lnew (C), lneb (C) (the last two have 0 elements without StableEmbedding). Tensors 2..13 are the
-// per-layer ones: L slices of size / L elements each.
-#define GPT2_CUDA_NUM_PARAMS 18
-#define GPT2_CUDA_FIRST_LAYER_PARAM 2
-#define GPT2_CUDA_LAST_LAYER_PARAM 13
+// The parameter tensors: gpt2.h's (GPT2_WTE .. GPT2_LNEB), in the CPU model's order and layout.
 
 typedef struct GPT2Cuda GPT2Cuda;
 
@@ -75,7 +69,7 @@ void gpt2_cuda_free(GPT2Cuda *m);
 int gpt2_cuda_precision(const GPT2Cuda *m);
 struct CUstream_st *gpt2_cuda_stream(const GPT2Cuda *m);
 int64_t gpt2_cuda_num_parameters(const GPT2Cuda *m);
-void gpt2_cuda_param_sizes(const GPT2Cuda *m, int64_t sizes[GPT2_CUDA_NUM_PARAMS]);
+void gpt2_cuda_param_sizes(const GPT2Cuda *m, int64_t sizes[GPT2_NUM_PARAMS]);
 // The parameter allocation (fp32 or bf16 by precision: num_parameters elements in the CPU layout)
 // and tensor i of it (NULL for an empty tensor). For the optimizer: bnb8_optimizer_add(param).
 void *gpt2_cuda_params(GPT2Cuda *m);
@@ -97,12 +91,12 @@ int gpt2_cuda_loss(GPT2Cuda *m, float *mean_loss, float *losses);
 int gpt2_cuda_get_logits(GPT2Cuda *m, float *host, int64_t row0, int64_t count);
 
 // Where backward writes each tensor's gradient, in dtype (GPT2_CUDA_FP32; GPT2_CUDA_BF16 for a bf16
-// model only). tensor[i] has the shape of parameter i; with reuse_layer_slice = 1, tensors 2..13 hold
+// model only). tensor[i] has the shape of parameter i; with reuse_layer_slice = 1, the per-layer tensors hold
 // ONE layer's slice (size / L elements) that every layer writes in turn: gradient release, where the
 // caller consumes each layer's gradients in the grads_ready callback before the next layer
 // overwrites them (stream order guarantees it for work the callback enqueues on the given stream).
 typedef struct {
-    void *tensor[GPT2_CUDA_NUM_PARAMS];
+    void *tensor[GPT2_NUM_PARAMS];
     int dtype;
     int reuse_layer_slice;
     void *memory;             // the allocation of gpt2_cuda_grads_alloc (NULL: the caller's memory)
@@ -110,25 +104,19 @@ typedef struct {
 // Points g at one full buffer of num_parameters elements of dtype, in the parameter layout.
 int gpt2_cuda_grads_point(const GPT2Cuda *m, GPT2CudaGrads *g, void *memory, int dtype);
 // Allocates g's buffer on the device (zeroed): every tensor in full, or with reuse_layer_slice = 1
-// the release layout (tensors 2..13 one layer's slice, the others in full). *bytes: its size.
+// the release layout (the per-layer tensors one layer's slice, the others in full). *bytes: its size.
 int gpt2_cuda_grads_alloc(const GPT2Cuda *m, GPT2CudaGrads *g, int dtype, int reuse_layer_slice, size_t *bytes);
 void gpt2_cuda_grads_free(GPT2CudaGrads *g);
 
-// Called during backward, in stream order, each time a group of gradients is final: which =
-// GPT2_CUDA_GRADS_LNF (lnfw, lnfb), then layer L-1 .. 0 (that layer's slices of tensors 2..13), then
-// GPT2_CUDA_GRADS_EMBED (wte, wpe, lnew, lneb: the tied wte is final only after the encoder's
-// backward, its last contribution). Enqueue the consumer (an optimizer step, a copy) on stream.
-// A nonzero return stops backward, which returns -1 with the callback's status in the message.
-#define GPT2_CUDA_GRADS_LNF (-1)
-#define GPT2_CUDA_GRADS_EMBED (-2)
-typedef int (*gpt2_cuda_grads_ready)(void *ctx, int which, struct CUstream_st *stream);
+// Backward calls gpt2.h's gpt2_grads_ready in stream order as each group of gradients is final, with
+// the model's stream: enqueue the consumer (an optimizer step, a copy) there.
 
 // Gradients of the mean loss of the last forward (which had targets and for_backward = 1) into g:
 // accumulate = 0 overwrites every element of g (no zeroing needed), 1 adds to it (micro-batches).
 // ready may be NULL. Does not wait for the GPU. With recompute, backward reads layer l's parameters
 // again to recompute it: they must be the forward's until then (a callback may update layer l's, or
 // LNF's, as soon as they are final: the layers below read only their own).
-int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2_cuda_grads_ready ready,
+int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2_grads_ready ready,
                        void *ctx);
 // The global L2 norm of a full gradient buffer (sums in a fixed order: deterministic). Waits.
 int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *norm);

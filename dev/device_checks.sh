@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything a GPU session checks, in one call, most important first (a device session is short and
 # may end early): the GPU trainer against the CPU trainer, the model's own test, a 7B model for 10
-# steps with flash + gradient release, the kernels' parity, their speed with the peers.
+# steps with flash + gradient release, the kernels' parity, their speed with the peers; `recipes`
+# (not in the default list) trains d12 12 steps with each recipe and keeps the loss lines, to compare
+# two commits' trainers on one GPU kind (recipes.txt, without the timings).
 #
 #   bash dev/device_checks.sh                 # builds with make (the GPU's own architecture), runs all
 #   BIN=build/run bash dev/device_checks.sh   # runs binaries built elsewhere (e.g. here with
@@ -41,11 +43,27 @@ for c in $CHECKS; do
     # the same with activation recomputation (-C 1): the same losses, far fewer activations
     d72c)    check d72c "$BIN/train_gpt2_8bit_cuda" -e d72 -b 1 -t 1024 -n 10 -v 0 -G 0 -u 2 -l 3e-4 -w 0 -C 1 ;;
     kernels) check kernels "$BIN/test_gpu" ;;
+    recipes) i=0
+             rm -f "$OUT/recipes.txt"
+             while read -r flags; do
+                 i=$((i + 1))
+                 check "recipe$i" "$BIN/train_gpt2_8bit_cuda" $flags -n 12 -v 6 -s 6 -G 16
+                 { echo "== $flags"; grep -a -E '^step|^loss|^---- sample' -A1 "$OUT/recipe$i.log" | grep -v '^--$' |
+                   sed -E 's/ \| +[0-9.]+ ms \| +[0-9]+ tok\/s//'; } >> "$OUT/recipes.txt"
+             done <<'LIST'
+-r fp32
+-r 8bit
+-r flash -R 0 -g 1
+-r flash
+-r 8bit -p lion -C 1
+-r fp32 -p sgd -A 2
+LIST
+             ;;
     bench)   check bench "$BIN/bench_gpu"
              if python3 -c "import torch" 2>/dev/null; then
                  check peers env PYTHONPATH="$PWD/.whl/site" python3 dev/bench/peers/bench_peers.py
              fi ;;
-    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench)"; exit 2 ;;
+    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench recipes)"; exit 2 ;;
     esac
 done
 echo "=== summary"

@@ -1,5 +1,5 @@
 /*
-test_faults.c — reliability (SPEC §11, issue P8): the trainer killed at random points while it
+test_faults.c — reliability (DESIGN.md §11, issue P8): the trainer killed at random points while it
 writes checkpoints, a full disk during a save, NaN and Inf in gradients and in loaded weights, and
 the size limits of the API.
 
@@ -14,8 +14,14 @@ would show.
 8-bit recipe and 30 with the flash recipe.
 BNB8_TEST_VERBOSE=1 prints the counts and the messages.
 */
-#define TRAIN_NO_MAIN
-#include "train_gpt2_8bit.c"
+#define _POSIX_C_SOURCE 200809L
+#include "train_gpt2_8bit.h"
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <time.h>
 #include "test.h"
 #include <signal.h>
 #include <fcntl.h>
@@ -137,6 +143,12 @@ static pid_t child_start(const child_spec *c) {
     }
     free(env);
     return pid;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 // Waits for the child (killing it after timeout seconds): its exit code, or -signal.
@@ -418,7 +430,7 @@ static void test_full_disk(void) {
 // ------------------------------------------------------------------------------------------------
 // 3. NaN and Inf in the gradients: the trainer skips the step (weights, optimizer state and step
 //    counts unchanged), says so, and trains on. (The optimizer's own rule for non-finite elements,
-//    SPEC §5.2, is test_optim.c's "non-finite gradients keep params and states".)
+//    DESIGN.md §5.2, is test_optim.c's "non-finite gradients keep params and states".)
 
 #define NAN_STEPS 10
 typedef struct {
@@ -428,7 +440,7 @@ typedef struct {
 } nan_record;
 static nan_record nan_rec;
 
-static void nan_hook(GPT2 *m, bnb8_optimizer *opt, int64_t s) {
+static void nan_hook(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t s) {
     if (s > NAN_STEPS) return;
     nan_rec.weights[s] = (float *)malloc(sizeof(float) * (size_t)m->num_parameters);
     if (nan_rec.weights[s]) memcpy(nan_rec.weights[s], m->params_memory, sizeof(float) * (size_t)m->num_parameters);
@@ -436,8 +448,10 @@ static void nan_hook(GPT2 *m, bnb8_optimizer *opt, int64_t s) {
     for (int i = 0; i < bnb8_optimizer_count(opt); i++) nan_rec.opt_steps[s] += bnb8_optimizer_steps(opt, i);
     if (!nan_rec.inject) return;
     // Step 4: one NaN in qkvw's gradient; step 7: +Inf in wte's and -Inf in a layernorm bias's.
-    if (s == 4) m->grads.qkvw[123] = NAN;
-    if (s == 7) { m->grads.wte[5] = INFINITY; m->grads.lnfb[0] = -INFINITY; }
+    ParameterTensors g;
+    gpt2_point_params(&g, grads, m->param_sizes);
+    if (s == 4) g.qkvw[123] = NAN;
+    if (s == 7) { g.wte[5] = INFINITY; g.lnfb[0] = -INFINITY; }
 }
 
 static void nan_free(void) {
@@ -463,10 +477,10 @@ static void test_nonfinite_gradients(void) {
     EXPECT(train_run(&a, &rb) == 0, "run with NaN / Inf gradients: %s", train_error_text);
     EXPECT(rb.skipped_steps == 2, "%lld steps skipped, expected 2 (steps 4 and 7)", (long long)rb.skipped_steps);
     GPT2Config cfg;
-    config_from_descriptor(&cfg, CHILD_MODEL);
-    int64_t sizes[NUM_PARAM_TENSORS], np = 0;
-    param_sizes_of(&cfg, sizes);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) np += sizes[i];
+    gpt2_config_from_descriptor(&cfg, CHILD_MODEL);
+    int64_t sizes[GPT2_NUM_PARAMS], np = 0;
+    gpt2_param_sizes(&cfg, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) np += sizes[i];
     size_t bytes = sizeof(float) * (size_t)np;
     for (int s = 1; s <= NAN_STEPS; s++) {
         if (!nan_rec.weights[s] || !clean[s]) { EXPECT(0, "no record of step %d", s); break; }
@@ -523,7 +537,7 @@ static void test_nonfinite_gradients(void) {
 
 static void test_nonfinite_weights(void) {
     GPT2Config c;
-    config_from_descriptor(&c, "d1c16h2v64t8");
+    gpt2_config_from_descriptor(&c, "d1c16h2v64t8");
     c.stable_embedding = 1;
     GPT2 m, back;
     if (gpt2_init_random(&m, &c, 3)) { EXPECT(0, "%s", train_error_text); return; }
@@ -549,7 +563,7 @@ static void test_nonfinite_weights(void) {
             EXPECT(mkdir(ckdir, 0700) == 0, "mkdir %s", ckdir);
             TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1};
             train_error_text[0] = 0;
-            s = checkpoint_save(ckdir, &m, NULL, &st);
+            s = checkpoint_save(ckdir, &m.config, m.params_memory, NULL, &st);
             char *listing = dir_snapshot(ckdir);
             EXPECT(s != 0 && strstr(train_error_text, "not finite") && strstr(train_error_text, cases[k].tensor) &&
                    listing && listing[0] == 0, "checkpoint_save of %s: %d, '%s', files '%s'", cases[k].tensor, s,
@@ -596,12 +610,12 @@ static void test_nonfinite_logits(void) {
     memcpy(&logits[0][7], &qnan, 4);           // positive NaN
     memcpy(&logits[1][9], &snan_neg, 4);       // negative NaN: clamped to -87 like -inf (probability ~0)
     logits[2][0] = INFINITY;                   // +Inf: the max; Inf - Inf = NaN
-    softmax_forward(&logits[0][0], losses, targets, 3, 60, 64);
+    gpt2_softmax_forward(&logits[0][0], losses, targets, 3, 60, 64);
     EXPECT(isnan(losses[0]) && !isfinite(losses[2]), "losses %g, %g, expected NaN and non-finite", (double)losses[0],
            (double)losses[2]);
-    float e = exp_nonpositive(bnb8_bits_f32(qnan));
-    EXPECT(isnan(e), "exp_nonpositive(+NaN) = %g, expected NaN", (double)e);
-    EXPECT(exp_nonpositive(0.0f) == 1.0f && exp_nonpositive(-INFINITY) < 1e-37f, "exp_nonpositive at 0 and -inf");
+    float e = gpt2_exp_nonpositive(bnb8_bits_f32(qnan));
+    EXPECT(isnan(e), "gpt2_exp_nonpositive(+NaN) = %g, expected NaN", (double)e);
+    EXPECT(gpt2_exp_nonpositive(0.0f) == 1.0f && gpt2_exp_nonpositive(-INFINITY) < 1e-37f, "exp_nonpositive at 0 and -inf");
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -20,11 +20,13 @@ test_gpt2_cuda.cu — the GPU GPT-2 model (gpt2_cuda.cu) against the trainer's C
           tokens/s, a per-phase breakdown (CUDA events) and the memory; then the same with recompute
           (time and activations next to the run without; the loss the same bits).
 
-GPT2_TEST_QUICK=1: the small configurations only (for compute-sanitizer).
+GPT2_TEST_QUICK=1: the small configurations only (for compute-sanitizer). The harness is test/test.h's:
+random weights and tokens from TEST_SEED (printed; set it to repeat a run), TEST_ONLY=text picks tests.
 */
 #include "gpt2_cuda.h"
 #include "bnb8.h"
 #include "test/gpt2_cpu_ref.h"
+#include "test/test.h"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <stdio.h>
@@ -34,39 +36,15 @@ GPT2_TEST_QUICK=1: the small configurations only (for compute-sanitizer).
 #include <vector>
 #include <algorithm>
 
-static int tests_passed, tests_failed, failures;
-
-#define CUDA_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1); } } while (0)
-#define EXPECT(cond, ...) do { if (!(cond)) { if (failures++ < 8) { printf("    FAIL %s:%d: ", __FILE__, __LINE__); \
-    printf(__VA_ARGS__); printf("\n"); } } } while (0)
 // a model call that must succeed: on failure the test cannot go on
 #define MUST(call) do { if ((call) != 0) { EXPECT(0, "%s: %s", #call, gpt2_cuda_last_error()); return; } } while (0)
 
 static const char *names[18] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b",
                                 "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lnew", "lneb"};
 
-static uint64_t rng_state = 42;
-static uint64_t next_u64(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float randn(void) {
-    double u1 = ((double)(next_u64() >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(next_u64() >> 11) * 0x1.0p-53;
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-}
-
-static void run(const char *name, void (*fn)(void)) {
-    failures = 0;
-    printf("---- %s\n", name);
-    fflush(stdout);
-    fn();
-    if (failures) tests_failed++; else tests_passed++;
-    printf("%s %s\n", failures ? "FAIL" : "ok  ", name);
-    fflush(stdout);
-}
+static test_rng rng;   // the run's random weights and tokens (test.h: TEST_SEED repeats them)
+static uint64_t next_u64(void) { return test_u64(&rng); }
+static float randn(void) { return (float)test_randn(&rng); }
 
 // max |a - ref| / max |ref| (max |a| when ref is all 0); inf when a holds a non-finite value.
 static double rel_err(const float *a, const float *ref, int64_t n) {
@@ -122,7 +100,7 @@ static int release_ready(void *ctx, int which, struct CUstream_st *stream) {
     ReleaseCtx *r = (ReleaseCtx *)ctx;
     if (r->n < 256) r->order[r->n++] = which;
     if (which < 0) return 0;      // LNF, EMBED: written in place in the full buffer
-    for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) {
+    for (int i = GPT2_FIRST_LAYER_PARAM; i <= GPT2_LAST_LAYER_PARAM; i++) {
         int64_t slice = r->sizes[i] / r->L;
         if (cudaMemcpyAsync(r->full + r->es * (size_t)(r->off[i] + which * slice), r->slices->tensor[i], r->es * (size_t)slice,
                             cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess) return 1;
@@ -138,7 +116,7 @@ static int release_backward(GPT2Cuda *m, int L, void *full, int dtype, ReleaseCt
     gpt2_cuda_param_sizes(m, sizes);
     offsets_of(sizes, off);
     size_t es = dtype == GPT2_CUDA_BF16 ? 2 : 4;
-    for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) slice_total += sizes[i] / L;
+    for (int i = GPT2_FIRST_LAYER_PARAM; i <= GPT2_LAST_LAYER_PARAM; i++) slice_total += sizes[i] / L;
     void *slices = NULL;
     CUDA_CHECK(cudaMemset(full, 0xff, es * (size_t)n));
     CUDA_CHECK(cudaMalloc(&slices, es * (size_t)slice_total));
@@ -146,7 +124,7 @@ static int release_backward(GPT2Cuda *m, int L, void *full, int dtype, ReleaseCt
     gpt2_cuda_grads_point(m, &rel, full, dtype);
     rel.reuse_layer_slice = 1;
     char *s = (char *)slices;
-    for (int i = GPT2_CUDA_FIRST_LAYER_PARAM; i <= GPT2_CUDA_LAST_LAYER_PARAM; i++) { rel.tensor[i] = s; s += es * (size_t)(sizes[i] / L); }
+    for (int i = GPT2_FIRST_LAYER_PARAM; i <= GPT2_LAST_LAYER_PARAM; i++) { rel.tensor[i] = s; s += es * (size_t)(sizes[i] / L); }
     memset(rc, 0, sizeof *rc);
     rc->full = (char *)full; rc->es = es; rc->slices = &rel; rc->L = L;
     memcpy(rc->sizes, sizes, sizeof sizes);
@@ -154,7 +132,7 @@ static int release_backward(GPT2Cuda *m, int L, void *full, int dtype, ReleaseCt
     int status = gpt2_cuda_backward(m, &rel, 0, release_ready, rc);
     CUDA_CHECK(cudaDeviceSynchronize());
     cudaFree(slices);
-    *order_ok = rc->n == L + 2 && rc->order[0] == GPT2_CUDA_GRADS_LNF && rc->order[L + 1] == GPT2_CUDA_GRADS_EMBED;
+    *order_ok = rc->n == L + 2 && rc->order[0] == GPT2_GRADS_LNF && rc->order[L + 1] == GPT2_GRADS_EMBED;
     for (int k = 1; k <= L && *order_ok; k++) *order_ok = rc->order[k] == L - k;
     return status;
 }
@@ -791,18 +769,21 @@ int main(void) {
     quick = getenv("GPT2_TEST_QUICK") && atoi(getenv("GPT2_TEST_QUICK")) > 0;
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) { printf("no CUDA device\n0 passed, 1 failed\n"); return 1; }
-    printf("device: %s, %d SMs, %.1f GB\n", prop.name, prop.multiProcessorCount, prop.totalGlobalMem / 1e9);
-    run("errors: refusals with a message", test_errors);
-    run("fp32 parity, L=2 C=64 NH=4 V=100, StableEmbedding", test_parity_small);
-    run("fp32 parity, L=2 C=64 NH=4 V=100, plain embedding", test_parity_small_plain);
-    if (!quick) run("fp32 parity, d4 (L=4 C=256 NH=4 V=50257)", test_parity_d4);
-    run("recompute: the activation report", test_recompute_report);
-    run("recompute = 1 vs 0, fp32, L=2 C=64 NH=4 V=100, StableEmbedding: the same bits", test_recompute_small_fp32);
-    run("recompute = 1 vs 0, bf16, L=2 C=64 NH=4 V=100, StableEmbedding: the same bits", test_recompute_small_bf16);
-    if (!quick) run("recompute = 1 vs 0, fp32, d4, plain embedding: the same bits", test_recompute_d4_fp32);
-    if (!quick) run("recompute = 1 vs 0, bf16, d4, plain embedding: the same bits", test_recompute_d4_bf16);
-    run(quick ? "bf16 vs fp32, small, 3 steps" : "bf16 vs fp32, d4 on fortunes, 20 steps", test_bf16);
-    if (!quick) run("d12 throughput, bf16, B=16 T=1024", bench_d12);
-    printf("%d passed, %d failed\n", tests_passed, tests_failed);
-    return tests_failed ? 1 : 0;
+    printf("device: %s, %d SMs, %.1f GB, TEST_SEED=%llu\n", prop.name, prop.multiProcessorCount, prop.totalGlobalMem / 1e9,
+           (unsigned long long)test_seed());
+    rng = test_rng_new();
+    test_announce(1);        // the tests print a lot: a header line before each
+    test_show_failures(8);
+    test_run("errors: refusals with a message", test_errors);
+    test_run("fp32 parity, L=2 C=64 NH=4 V=100, StableEmbedding", test_parity_small);
+    test_run("fp32 parity, L=2 C=64 NH=4 V=100, plain embedding", test_parity_small_plain);
+    if (!quick) test_run("fp32 parity, d4 (L=4 C=256 NH=4 V=50257)", test_parity_d4);
+    test_run("recompute: the activation report", test_recompute_report);
+    test_run("recompute = 1 vs 0, fp32, L=2 C=64 NH=4 V=100, StableEmbedding: the same bits", test_recompute_small_fp32);
+    test_run("recompute = 1 vs 0, bf16, L=2 C=64 NH=4 V=100, StableEmbedding: the same bits", test_recompute_small_bf16);
+    if (!quick) test_run("recompute = 1 vs 0, fp32, d4, plain embedding: the same bits", test_recompute_d4_fp32);
+    if (!quick) test_run("recompute = 1 vs 0, bf16, d4, plain embedding: the same bits", test_recompute_d4_bf16);
+    test_run(quick ? "bf16 vs fp32, small, 3 steps" : "bf16 vs fp32, d4 on fortunes, 20 steps", test_bf16);
+    if (!quick) test_run("d12 throughput, bf16, B=16 T=1024", bench_d12);
+    return test_summary();
 }

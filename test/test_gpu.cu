@@ -1,54 +1,32 @@
 /*
 test_gpu.cu — the GPU back end against the CPU one: block-wise quantization and every optimizer
 (32-bit, 8-bit and flash states, with the flash weights' correction and scales) must give
-bit-identical results (SPEC §9). Run with `make test-gpu` on a machine with a GPU.
+bit-identical results (DESIGN.md §9). Run with `make test-gpu` on a machine with a GPU.
 The CPU path is the reference; it is itself tested against double precision by `make test`.
 Norm-based options (LAMB, LARS, percentile clipping) sum in a different order on the GPU: those
 are checked bit for bit too, and when they differ, within 1e-5 relative (stated per test).
 8-bit states with one absmax per tensor (blocksize 0) are checked the same way.
+The harness is test/test.h's: random inputs from TEST_SEED (printed; set it to repeat a run),
+TEST_ONLY=text picks tests.
 */
 #include "bnb8.h"
+#include "test/test.h"
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
-#include <time.h>
 #include <unistd.h>
 
-static int tests_passed, tests_failed, failures;
-static uint64_t rng_state;
-
-#define CUDA_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(1); } } while (0)
-#define EXPECT(cond, ...) do { if (!(cond)) { if (failures++ < 5) { printf("    FAIL %s:%d: ", __FILE__, __LINE__); \
-    printf(__VA_ARGS__); printf("\n"); } } } while (0)
-
-static uint64_t next_u64(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void run(const char *name, void (*fn)(void)) {
-    failures = 0;
-    fn();
-    if (failures) tests_failed++; else tests_passed++;
-    printf("%s %s\n", failures ? "FAIL" : "ok  ", name);
-    fflush(stdout);
-}
+static test_rng rng;   // the run's random inputs (test.h: TEST_SEED repeats them)
 
 // Fills a host array of dtype with scale * randn (a counter-based hash, so threads can share it),
 // converted with the library's rounding.
 static void fill_random(void *x, bnb8_dtype dtype, int64_t n, float scale) {
-    uint64_t seed = next_u64();
+    uint64_t seed = test_u64(&rng);
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        uint64_t z = seed + (uint64_t)i * 0x9e3779b97f4a7c15ull;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
+        uint64_t z = test_mix64(seed + (uint64_t)i * 0x9e3779b97f4a7c15ull);
         float u1 = (float)(z >> 40) * 0x1.0p-24f, u2 = (float)((z >> 16) & 0xffffff) * 0x1.0p-24f;
         bnb8_store(x, dtype, i, scale * sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2));
     }
@@ -322,7 +300,7 @@ static const char *flash_kind_name(bnb8_optim kind, int nesterov) {
     return kind != BNB8_SGD ? optimizer_names[kind] : nesterov ? "SGD nesterov" : "SGD momentum";
 }
 
-// Flash states (SPEC §6): AdamW, Adam (L2), SGD with momentum (nesterov off and on), Lion; weights
+// Flash states (DESIGN.md §6): AdamW, Adam (L2), SGD with momentum (nesterov off and on), Lion; weights
 // f32, and bf16 / f16 with no, int8 and int16 correction; bf16 scales; then fp16 gradients, and
 // f16 / f32 scales, on AdamW. min_8bit_size 0 makes every tensor flash (every tail group) except
 // "t3", whose 32-bit states keep the correction of narrow weights.
@@ -534,17 +512,15 @@ int main(void) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     quick = getenv("BNB8_TEST_QUICK") != NULL;
-    const char *seed = getenv("TEST_SEED");
-    rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
-    printf("bnb8 GPU tests on %s, TEST_SEED=%llu\n", prop.name, (unsigned long long)rng_state);
-    run("quantize/dequantize: GPU equals CPU for every map, dtype, block size and size", test_quantize_parity);
-    run("quantize: a tensor above 2^31 elements equals the CPU's", test_quantize_above_2g);
-    run("quantize: bad arguments and host pointers are refused", test_bad_arguments);
-    run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
-    run("flash: the fast path's approximate reciprocal is within its bound", test_fast_approximations);
-    run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
-    run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
-    run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
-    printf("%d passed, %d failed\n", tests_passed, tests_failed);
-    return tests_failed ? 1 : 0;
+    printf("bnb8 GPU tests on %s, TEST_SEED=%llu\n", prop.name, (unsigned long long)test_seed());
+    rng = test_rng_new();
+    test_run("quantize/dequantize: GPU equals CPU for every map, dtype, block size and size", test_quantize_parity);
+    test_run("quantize: a tensor above 2^31 elements equals the CPU's", test_quantize_above_2g);
+    test_run("quantize: bad arguments and host pointers are refused", test_bad_arguments);
+    test_run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
+    test_run("flash: the fast path's approximate reciprocal is within its bound", test_fast_approximations);
+    test_run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
+    test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
+    test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
+    return test_summary();
 }

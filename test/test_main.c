@@ -1,89 +1,16 @@
-// test_main.c — runs every test group and prints the closing line "N passed, M failed".
+// test_main.c — the CPU suite: runs every test group (test.h's harness, test/test_harness.c) and
+// prints the closing line "N passed, M failed".
 #include "test.h"
-#include <stdarg.h>
 #include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-static int64_t tests_passed, tests_failed, failures_in_test;
-static uint64_t run_seed, rng_counter;
-
-void test_failure(const char *file, int line, const char *fmt, ...) {
-    if (failures_in_test++ < 5) {
-        va_list ap;
-        va_start(ap, fmt);
-        printf("    FAIL %s:%d: ", file, line);
-        vprintf(fmt, ap);
-        printf("\n");
-        va_end(ap);
-    }
-}
-
-int64_t test_failures(void) { return failures_in_test; }
-
-const char *test_data_path(const char *name) {
-    static char path[512];
-    snprintf(path, sizeof path, "test/data/%s", name);
-    return path;
-}
-
-uint64_t test_u64(test_rng *r) {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-double test_uniform(test_rng *r) { return (double)(test_u64(r) >> 11) * 0x1.0p-53; }
-double test_randn(test_rng *r) {
-    double u1 = test_uniform(r), u2 = test_uniform(r);
-    return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
-}
-test_rng test_rng_new(void) {
-    test_rng r = {run_seed + 0x632be59bd9b4e019ull * ++rng_counter};
-    return r;
-}
-
-void test_run(const char *name, void (*fn)(void)) {
-    const char *only = getenv("TEST_ONLY");   // TEST_ONLY=text: only the tests whose name holds it
-    if (only && *only && !strstr(name, only)) return;
-    failures_in_test = 0;
-    clock_t start = clock();
-    fn();
-    double seconds = (double)(clock() - start) / CLOCKS_PER_SEC;
-    if (failures_in_test == 0) tests_passed++;
-    else tests_failed++;
-    printf("%s %-64s %6.2fs cpu%s\n", failures_in_test ? "FAIL" : "ok  ", name, seconds,
-           failures_in_test > 5 ? " (more failures not shown)" : "");
-    fflush(stdout);
-}
 
 int main(void) {
     if (getenv("BNB8_TEST_CHILD")) return test_faults_child();
-    const char *seed = getenv("TEST_SEED");
-    run_seed = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
-    printf("bnb8 CPU tests, TEST_SEED=%llu\n", (unsigned long long)run_seed);
+    printf("bnb8 CPU tests, TEST_SEED=%llu\n", (unsigned long long)test_seed());
     tests_quant();
     tests_optim();
     tests_train();
     tests_state();
     tests_faults();
     tests_flash();
-
-    printf("%lld passed, %lld failed\n", (long long)tests_passed, (long long)tests_failed);
-    return tests_failed ? 1 : 0;
-}
-
-uint8_t *test_slurp(const char *path, size_t *size) {
-    *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *data = malloc(len > 0 ? (size_t)len + 1 : 1);
-    if (data && len > 0 && fread(data, 1, (size_t)len, f) != (size_t)len) len = 0;
-    if (data) data[len > 0 ? len : 0] = 0;
-    fclose(f);
-    *size = len > 0 ? (size_t)len : 0;
-    return data;
+    return test_summary();
 }

@@ -1,15 +1,23 @@
 /*
-test_train.c — the GPT-2 trainer (SPEC §7, §8, §9): gradients against finite differences of an
+test_train.c — the GPT-2 trainer (DESIGN.md §8, §12): gradients against finite differences of an
 independent double-precision forward, training lowers the loss and 8-bit and flash stay within 2% of fp32,
 resume is bit-exact, and every loader refuses bad files with a message naming the file.
 
-The trainer is compiled into this file (-DTRAIN_NO_MAIN) so that the tests reach its model and
-loaders. Models here are tiny (2 layers, C = 32, V = 64) and the data is a synthetic 64-token
-language, so the whole group runs in seconds, under ASan too. BNB8_TEST_VERBOSE=1 prints the
+The tests reach the trainer, its model and its loaders through their headers (the trainer is
+linked, built with -DTRAIN_NO_MAIN). Models here are tiny (2 layers, C = 32, V = 64) and the data is
+a synthetic 64-token language, so the whole group runs in seconds, under ASan too. BNB8_TEST_VERBOSE=1 prints the
 measured numbers (gradient errors, losses, the 8-bit vs fp32 gap).
 */
-#define TRAIN_NO_MAIN
-#include "train_gpt2_8bit.c"
+#define _POSIX_C_SOURCE 200809L
+#include "train_gpt2_8bit.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "test.h"
 
 static int tverbose;
@@ -83,9 +91,9 @@ static void ref_linear(double *y, const double *x, const double *W, const double
 
 // Mean cross-entropy of the model whose parameters (in the trainer's layout) are p.
 static double ref_loss(const GPT2Config *c, const double *p, const int *in, const int *tg, int64_t B, int64_t T) {
-    int64_t sizes[NUM_PARAM_TENSORS], off[NUM_PARAM_TENSORS], o = 0;
-    param_sizes_of(c, sizes);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) { off[i] = o; o += sizes[i]; }
+    int64_t sizes[GPT2_NUM_PARAMS], off[GPT2_NUM_PARAMS], o = 0;
+    gpt2_param_sizes(c, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { off[i] = o; o += sizes[i]; }
     const double *wte = p + off[0], *wpe = p + off[1], *ln1w = p + off[2], *ln1b = p + off[3], *qkvw = p + off[4];
     const double *qkvb = p + off[5], *apw = p + off[6], *apb = p + off[7], *ln2w = p + off[8], *ln2b = p + off[9];
     const double *fcw = p + off[10], *fcb = p + off[11], *fpw = p + off[12], *fpb = p + off[13];
@@ -155,17 +163,26 @@ out:
 // almost uniform): matrices ~ 1/sqrt(fan-in), embeddings 0.5, layernorm weights 1 +- 0.2, biases 0.2.
 static void randomize_params(GPT2 *m, Rng *r) {
     int64_t C = m->config.channels;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
-        float *p = *param_slot(&m->params, i);
-        float scale = i <= 1 ? 0.5f : param_is_matrix[i] ? 1.0f / sqrtf((float)(i == 12 ? 4 * C : C)) : 0.2f;
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+        float *p = gpt2_param(&m->params, i);
+        float scale = i <= 1 ? 0.5f : gpt2_param_is_matrix[i] ? 1.0f / sqrtf((float)(i == 12 ? 4 * C : C)) : 0.2f;
         int ln_weight = i == 2 || i == 8 || i == 14 || i == 16;
         for (int64_t j = 0; j < m->param_sizes[i]; j++) p[j] = (ln_weight ? 1.0f : 0.0f) + scale * rng_normal(r);
     }
 }
 
+// gpt2_backward's callback: the groups in the order they were finished.
+typedef struct { int order[16], n; } ready_record;
+static int record_ready(void *ctx, int which, struct CUstream_st *stream) {
+    ready_record *r = (ready_record *)ctx;
+    if (r->n < 16) r->order[r->n] = which;
+    r->n++;
+    return stream != NULL;   // the CPU model passes no stream
+}
+
 static void grad_check(int stable) {
     GPT2Config c;
-    EXPECT(config_from_descriptor(&c, "d2c32h2v64t8") == 0, "descriptor: %s", train_error_text);
+    EXPECT(gpt2_config_from_descriptor(&c, "d2c32h2v64t8") == 0, "descriptor: %s", train_error_text);
     c.stable_embedding = stable;
     GPT2 m;
     if (gpt2_init_random(&m, &c, 5)) { EXPECT(0, "%s", train_error_text); return; }
@@ -176,12 +193,17 @@ static void grad_check(int stable) {
     int in[16], tg[16];
     for (int64_t i = 0; i < BT; i++) { in[i] = (int)(rng_u64(&r) % 64); tg[i] = (int)(rng_u64(&r) % 64); }
     float loss = gpt2_forward(&m, in, tg, B, T);
-    gpt2_zero_grad(&m);
-    gpt2_backward(&m);
-
     int64_t n = m.num_parameters;
+    float *grads = (float *)malloc(sizeof(float) * (size_t)n);
     double *p = (double *)malloc(sizeof(double) * (size_t)n);
-    if (!p) { EXPECT(0, "out of memory"); gpt2_free(&m); return; }
+    if (!p || !grads) { EXPECT(0, "out of memory"); free(p); free(grads); gpt2_free(&m); return; }
+    for (int64_t i = 0; i < n; i++) grads[i] = NAN;   // accumulate = 0 overwrites every element
+    ready_record rec = {{0}, 0};
+    EXPECT(gpt2_backward(&m, grads, 0, record_ready, &rec) == 0, "backward: %s", train_error_text);
+    EXPECT(rec.n == c.num_layers + 2 && rec.order[0] == GPT2_GRADS_LNF && rec.order[1] == 1 && rec.order[2] == 0 &&
+           rec.order[3] == GPT2_GRADS_EMBED, "grads_ready: %d calls, order %d %d %d %d", rec.n, rec.order[0],
+           rec.order[1], rec.order[2], rec.order[3]);
+
     for (int64_t i = 0; i < n; i++) p[i] = m.params_memory[i];
     double ref = ref_loss(&c, p, in, tg, B, T);
     EXPECT(fabs(loss - ref) <= 1e-5 * fabs(ref), "forward: float loss %.9g vs double %.9g", (double)loss, ref);
@@ -194,7 +216,7 @@ static void grad_check(int stable) {
     const int SAMPLES = 24;
     const double h = 1e-5;
     int64_t off = 0;
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         int64_t size = m.param_sizes[i];
         if (!size) continue;
         int64_t idx[24];
@@ -210,22 +232,23 @@ static void grad_check(int stable) {
             double lm = ref_loss(&c, p, in, tg, B, T);
             p[idx[s]] = keep;
             num[s] = (lp - lm) / (2.0 * h);
-            ana[s] = m.grads_memory[idx[s]];
+            ana[s] = grads[idx[s]];
             if (fabs(num[s]) > gmax) gmax = fabs(num[s]);
         }
         for (int s = 0; s < count; s++) {
             double den = fmax(fmax(fabs(ana[s]), fabs(num[s])), 1e-3 * gmax);
             double rel = den > 0.0 ? fabs(ana[s] - num[s]) / den : 0.0;
             if (rel > worst) worst = rel;
-            EXPECT(rel <= 1e-3, "stable %d: %s[%lld]: analytic %.9g, numeric %.9g, rel %.2e", stable, param_names[i],
+            EXPECT(rel <= 1e-3, "stable %d: %s[%lld]: analytic %.9g, numeric %.9g, rel %.2e", stable, gpt2_param_names[i],
                    (long long)(idx[s] - off), ana[s], num[s], rel);
         }
-        EXPECT(gmax > 0.0, "%s: every sampled gradient is 0", param_names[i]);
+        EXPECT(gmax > 0.0, "%s: every sampled gradient is 0", gpt2_param_names[i]);
         if (tverbose) printf("    stable %d: %-9s %2d samples, max |grad| %.3e, worst rel error %.2e\n", stable,
-                             param_names[i], count, gmax, worst);
+                             gpt2_param_names[i], count, gmax, worst);
         off += size;
     }
     free(p);
+    free(grads);
     gpt2_free(&m);
 }
 
@@ -236,29 +259,38 @@ static void test_gradients_stable(void) { grad_check(1); }
 static void test_thread_independence(void) {
 #ifdef _OPENMP
     GPT2Config c;
-    config_from_descriptor(&c, "d2c40h4v70t12");   // sizes off the kernels' tiles: exercises every tail
+    gpt2_config_from_descriptor(&c, "d2c40h4v70t12");   // sizes off the kernels' tiles: exercises every tail
     GPT2 m;
     if (gpt2_init_random(&m, &c, 9) || gpt2_alloc_acts(&m, 3, 11)) { EXPECT(0, "%s", train_error_text); gpt2_free(&m); return; }
     Rng r = {3};
     randomize_params(&m, &r);
     int in[33], tg[33];
     for (int i = 0; i < 33; i++) { in[i] = (int)(rng_u64(&r) % 70); tg[i] = (int)(rng_u64(&r) % 70); }
-    float *g1 = (float *)malloc(sizeof(float) * (size_t)m.num_parameters);
+    int64_t n = m.num_parameters;
+    float *g1 = (float *)malloc(sizeof(float) * (size_t)n), *g2 = (float *)malloc(sizeof(float) * (size_t)n);
     int threads = omp_get_max_threads();
     float l1 = 0.0f, l2 = 0.0f;
-    for (int run = 0; run < 2 && g1; run++) {
+    for (int run = 0; run < 2 && g1 && g2; run++) {
         omp_set_num_threads(run == 0 ? 1 : 3);
         float l = gpt2_forward(&m, in, tg, 3, 11);
-        gpt2_zero_grad(&m);
-        gpt2_backward(&m);
-        if (run == 0) { l1 = l; memcpy(g1, m.grads_memory, sizeof(float) * (size_t)m.num_parameters); }
+        gpt2_backward(&m, run == 0 ? g1 : g2, 0, NULL, NULL);
+        if (run == 0) l1 = l;
         else l2 = l;
     }
     omp_set_num_threads(threads);
-    EXPECT(g1 && memcmp(&l1, &l2, 4) == 0, "loss differs between 1 and 3 threads: %.9g vs %.9g", (double)l1, (double)l2);
-    EXPECT(g1 && memcmp(g1, m.grads_memory, sizeof(float) * (size_t)m.num_parameters) == 0,
-           "gradients differ between 1 and 3 threads");
+    EXPECT(g1 && g2 && memcmp(&l1, &l2, 4) == 0, "loss differs between 1 and 3 threads: %.9g vs %.9g", (double)l1, (double)l2);
+    EXPECT(g1 && g2 && memcmp(g1, g2, sizeof(float) * (size_t)n) == 0, "gradients differ between 1 and 3 threads");
+    // accumulate = 1 adds the same gradients again (backward used up the forward's probabilities: a
+    // forward again first): twice them, up to fp32 rounding of sums of 33 rows (~1e-6 of the largest)
+    if (g1 && g2) { gpt2_forward(&m, in, tg, 3, 11); gpt2_backward(&m, g2, 1, NULL, NULL); }
+    double gmax = 0.0;
+    for (int64_t i = 0; g1 && i < n; i++) gmax = fmax(gmax, fabs((double)g1[i]));
+    int64_t off = -1;
+    for (int64_t i = 0; g1 && g2 && i < n && off < 0; i++) if (fabs((double)g2[i] - 2.0 * g1[i]) > 1e-5 * gmax) off = i;
+    EXPECT(g1 && g2 && gmax > 0.0 && off < 0, "accumulated gradient %lld is %g, not twice %g", (long long)off,
+           off >= 0 ? (double)g2[off] : 0.0, off >= 0 ? (double)g1[off] : 0.0);
     free(g1);
+    free(g2);
     gpt2_free(&m);
 #endif
 }
@@ -339,11 +371,11 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     a.stable_embedding = stable;
     a.eval_every = 4;
     GPT2Config c;
-    config_from_descriptor(&c, a.model);
+    gpt2_config_from_descriptor(&c, a.model);
     c.stable_embedding = stable;
-    int64_t sizes[NUM_PARAM_TENSORS], n = 0;
-    param_sizes_of(&c, sizes);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += sizes[i];
+    int64_t sizes[GPT2_NUM_PARAMS], n = 0;
+    gpt2_param_sizes(&c, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
     float la[12], lb[12];
     float *wa = (float *)malloc(sizeof(float) * (size_t)n), *wb = (float *)malloc(sizeof(float) * (size_t)n);
     if (!wa || !wb) { EXPECT(0, "out of memory"); free(wa); free(wb); return; }
@@ -500,7 +532,7 @@ static void expect_refused(loader_fn load, const char *path, const char *what, c
 
 static void test_model_files(void) {
     GPT2Config c;
-    config_from_descriptor(&c, "d2c32h2v60t16");   // Vp = 64 > V: padding rows in the file
+    gpt2_config_from_descriptor(&c, "d2c32h2v60t16");   // Vp = 64 > V: padding rows in the file
     for (int stable = 0; stable < 2; stable++) {
         c.stable_embedding = stable;
         GPT2 m, back;
@@ -641,14 +673,13 @@ static void test_state_files(void) {
     variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
     free(d);
     // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
-    GPT2Config c;
-    config_from_descriptor(&c, "d1c32h1v64t8");
-    GPT2 m;
-    bnb8_optimizer *opt = NULL;
-    double sb[NUM_PARAM_TENSORS];
-    Placement pl;
-    if (gpt2_init_random(&m, &c, 1) == 0 && cpu_placement(&m, 0, &pl) == 0 &&
-        optimizer_build(&opt, &m, &pl, &recipes[1], &optimizers[0], 1e-3f, 0.1f, BNB8_MAP_DYNAMIC, 256, sb) == 0) {
+    TrainArgs a;
+    train_args_default(&a);
+    a.model = "d1c32h1t8"; a.B = 1; a.T = 8; a.recipe = "8bit"; a.optimizer = "adamw"; a.lr = 1e-3f;
+    a.weight_decay = 0.1f; a.device = 1; a.val_path = ""; a.tokenizer_path = ""; a.verbose = 0;
+    Trainer t;
+    if (trainer_open(&t, &a) == 0) {
+        bnb8_optimizer *opt = t.opt;
         char op[256];
         tpath(op, sizeof op, "optim.bin");
         EXPECT(bnb8_optimizer_save(opt, op) == 0, "%s", bnb8_last_error());
@@ -659,8 +690,7 @@ static void test_state_files(void) {
         }
         remove(op);
     } else EXPECT(0, "%s", train_error_text);
-    bnb8_optimizer_free(opt);
-    gpt2_free(&m);
+    trainer_free(&t);
     remove(good);
     remove(bad);
 }
@@ -681,33 +711,33 @@ static void test_fortunes_smoke(void) {
     EXPECT(train_run(&a, &r) == 0, "%s", train_error_text);
     EXPECT(r.first_loss > 10.0f && r.first_loss < 11.5f, "first loss %.4f, expected about ln 50257 = 10.8", (double)r.first_loss);
     EXPECT(isfinite(r.val_loss), "val loss %g", (double)r.val_loss);
-    GPT2Config c;
-    config_from_descriptor(&c, "d1c32h1t16");
-    GPT2 m;
-    if (gpt2_init_random(&m, &c, 2) == 0 && gpt2_alloc_acts(&m, 1, 16) == 0) {
+    a.model = "d1c32h1t16"; a.B = 1; a.T = 16; a.seed = 2; a.device = 1;
+    a.val_path = ""; a.tokenizer_path = "";
+    Trainer t;
+    if (trainer_open(&t, &a) == 0) {
         int ids[16];
-        Rng rng = {5};
-        int64_t n = generate(&m, NULL, &rng, tok.eot, 40, ids);
+        t.rng.s = 5;
+        int64_t n = generate(&t, tok.eot, 40, ids);
         EXPECT(n == 16 && ids[0] == 50256, "generated %lld tokens", (long long)n);
         for (int64_t i = 0; i < n; i++) EXPECT(ids[i] >= 0 && ids[i] < 50257, "token %d", ids[i]);
     } else EXPECT(0, "%s", train_error_text);
-    gpt2_free(&m);
+    trainer_free(&t);
     tokenizer_free(&tok);
 }
 
 // Descriptors, flags, settings the trainer refuses, the schedule.
 static void test_settings(void) {
     GPT2Config c;
-    EXPECT(config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
+    EXPECT(gpt2_config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
            c.vocab_size == 50257 && c.padded_vocab_size == 50304 && c.max_seq_len == 1024, "d12");
-    EXPECT(config_from_descriptor(&c, "d72") == 0 && c.channels == 2880 && c.num_heads == 30, "d72");
-    EXPECT(config_from_descriptor(&c, "d48") == 0 && c.channels == 1600 && c.num_heads == 25, "d48");
-    EXPECT(config_from_descriptor(&c, "d4c128h4") == 0 && c.channels == 128 && c.num_heads == 4 && c.num_layers == 4, "d4c128h4");
-    EXPECT(config_from_descriptor(&c, "d2c32h2v64t16") == 0 && c.vocab_size == 64 && c.padded_vocab_size == 64 &&
+    EXPECT(gpt2_config_from_descriptor(&c, "d72") == 0 && c.channels == 2880 && c.num_heads == 30, "d72");
+    EXPECT(gpt2_config_from_descriptor(&c, "d48") == 0 && c.channels == 1600 && c.num_heads == 25, "d48");
+    EXPECT(gpt2_config_from_descriptor(&c, "d4c128h4") == 0 && c.channels == 128 && c.num_heads == 4 && c.num_layers == 4, "d4c128h4");
+    EXPECT(gpt2_config_from_descriptor(&c, "d2c32h2v64t16") == 0 && c.vocab_size == 64 && c.padded_vocab_size == 64 &&
            c.max_seq_len == 16, "tiny");
     const char *bad[] = {"", "d", "x12", "d12x", "d2c30h4", "d0", "dd2", "d2c32c32", "c32d2", "d2h0", "12"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        EXPECT(config_from_descriptor(&c, bad[i]) != 0, "descriptor '%s' accepted", bad[i]);
+        EXPECT(gpt2_config_from_descriptor(&c, bad[i]) != 0, "descriptor '%s' accepted", bad[i]);
     struct { int argc; const char *argv[4]; const char *what; } cases[] = {
         {2, {"t", "-Q"}, "unknown flag"}, {3, {"t", "-Q", "1"}, "unknown flag"}, {2, {"t", "-b"}, "needs a value"},
         {3, {"t", "-b", "0"}, "-b"}, {3, {"t", "-b", "x"}, "-b"}, {3, {"t", "-l", "-1"}, "-l"},

@@ -20,14 +20,10 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
 
 Data: the embedded fortunes files. The last line is "N passed, M failed"; exit status 1 on failure.
 */
-#define TRAIN_NO_MAIN
-#pragma GCC diagnostic ignored "-Wunused-function"   // the trainer's main-only helpers
-#include "../train_gpt2_8bit.c"
-#include "test.h"
-
-static int failures, passes;
-#define CHECK(cond, ...) do { if (cond) passes++; else { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-    printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "train_gpt2_8bit.h"
+#include "test/test.h"
+#include <stdlib.h>
+#include <string.h>
 
 static const char *scratch = "build/test_train_gpu.tmp";
 
@@ -43,11 +39,11 @@ static void small_args(TrainArgs *a, const char *recipe, const char *optimizer, 
 
 static int64_t num_params(const char *desc) {
     GPT2Config c;
-    if (config_from_descriptor(&c, desc)) return -1;
+    if (gpt2_config_from_descriptor(&c, desc)) return -1;
     c.stable_embedding = 0;
-    int64_t s[NUM_PARAM_TENSORS], n = 0;
-    param_sizes_of(&c, s);
-    for (int i = 0; i < NUM_PARAM_TENSORS; i++) n += s[i];
+    int64_t s[GPT2_NUM_PARAMS], n = 0;
+    gpt2_param_sizes(&c, s);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += s[i];
     return n;
 }
 
@@ -71,7 +67,7 @@ static void test_parity_fp32(void) {
     TrainArgs a;
     GPT2 m0;
     GPT2Config c;
-    config_from_descriptor(&c, "d2c64h2");
+    gpt2_config_from_descriptor(&c, "d2c64h2");
     c.stable_embedding = 0;
     small_args(&a, "fp32", "sgd", 1, 1);
     int ok = w0 && cpu && gpu && gpt2_init_random(&m0, &c, a.seed) == 0;
@@ -80,13 +76,13 @@ static void test_parity_fp32(void) {
     ok = ok && run(&a, lc, cpu, n, NULL) == 0;
     a.device = 2;
     ok = ok && run(&a, lg, gpu, n, NULL) == 0;
-    CHECK(ok, "parity runs");
+    EXPECT(ok, "parity runs");
     if (ok) {
-        CHECK(fabsf(lg[0] - lc[0]) <= 1e-4f * fabsf(lc[0]), "loss GPU %.7f CPU %.7f", (double)lg[0], (double)lc[0]);
-        int64_t sizes[NUM_PARAM_TENSORS], off = 0;
-        param_sizes_of(&c, sizes);
+        EXPECT(fabsf(lg[0] - lc[0]) <= 1e-4f * fabsf(lc[0]), "loss GPU %.7f CPU %.7f", (double)lg[0], (double)lc[0]);
+        int64_t sizes[GPT2_NUM_PARAMS], off = 0;
+        gpt2_param_sizes(&c, sizes);
         double worst = 0.0;
-        for (int i = 0; i < NUM_PARAM_TENSORS; off += sizes[i], i++) {
+        for (int i = 0; i < GPT2_NUM_PARAMS; off += sizes[i], i++) {
             if (!sizes[i]) continue;
             double dmax = 0.0, emax = 0.0;
             for (int64_t j = off; j < off + sizes[i]; j++) {
@@ -96,7 +92,7 @@ static void test_parity_fp32(void) {
             }
             double rel = dmax > 0.0 ? emax / dmax : emax;
             worst = fmax(worst, rel);
-            CHECK(rel <= 1e-4, "tensor %s: update differs by %.3g of its largest (bar 1e-4)", param_names[i], rel);
+            EXPECT(rel <= 1e-4, "tensor %s: update differs by %.3g of its largest (bar 1e-4)", gpt2_param_names[i], rel);
         }
         printf("  parity: fp32 SGD step, loss %.6f vs %.6f, worst tensor update difference %.2e (bar 1e-4)\n",
                (double)lg[0], (double)lc[0], worst);
@@ -111,11 +107,11 @@ static void test_bf16_losses(void) {
     int ok = run(&a, lc, NULL, 0, NULL) == 0;
     a.device = 2;
     ok = ok && run(&a, lg, NULL, 0, NULL) == 0;
-    CHECK(ok, "bf16 runs");
+    EXPECT(ok, "bf16 runs");
     if (!ok) return;
     double worst = 0.0;
     for (int s = 0; s < 20; s++) worst = fmax(worst, fabs((double)lg[s] - lc[s]) / lc[s]);
-    CHECK(worst <= 0.01, "flash: a GPU loss differs from the CPU's by %.3f%% (bar 1%%)", 100 * worst);
+    EXPECT(worst <= 0.01, "flash: a GPU loss differs from the CPU's by %.3f%% (bar 1%%)", 100 * worst);
     printf("  bf16: flash on the GPU (bf16 model) vs the CPU, 20 steps: loss %.4f -> %.4f vs %.4f -> %.4f, worst gap %.3f%%\n",
            (double)lg[0], (double)lg[19], (double)lc[0], (double)lc[19], 100 * worst);
 }
@@ -129,10 +125,10 @@ static void test_release_equal(void) {
     int ok = p0 && p1 && run(&a, l0, p0, n, NULL) == 0;
     a.release = 1;
     ok = ok && run(&a, l1, p1, n, NULL) == 0;
-    CHECK(ok, "release runs");
+    EXPECT(ok, "release runs");
     if (ok) {
-        CHECK(memcmp(l0, l1, sizeof l0) == 0, "release: losses differ");
-        CHECK(memcmp(p0, p1, 4 * (size_t)n) == 0, "release: the masters after 5 steps differ from the run without release");
+        EXPECT(memcmp(l0, l1, sizeof l0) == 0, "release: losses differ");
+        EXPECT(memcmp(p0, p1, 4 * (size_t)n) == 0, "release: the masters after 5 steps differ from the run without release");
         printf("  release: flash with gradient release = flash without, 5 steps: %s\n",
                memcmp(p0, p1, 4 * (size_t)n) == 0 ? "bit-identical" : "DIFFERENT");
     }
@@ -148,10 +144,10 @@ static void test_recompute_equal(void) {
     int ok = p0 && p1 && run(&a, l0, p0, n, NULL) == 0;
     a.recompute = 1;
     ok = ok && run(&a, l1, p1, n, NULL) == 0;
-    CHECK(ok, "recompute runs");
+    EXPECT(ok, "recompute runs");
     if (ok) {
         int same = memcmp(l0, l1, sizeof l0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0;
-        CHECK(same, "recompute: losses or masters after 5 steps differ from the run without it");
+        EXPECT(same, "recompute: losses or masters after 5 steps differ from the run without it");
         printf("  recompute: flash with -C 1 = flash without, 5 steps: %s\n", same ? "bit-identical" : "DIFFERENT");
     }
     free(p0); free(p1);
@@ -170,18 +166,18 @@ static void test_accumulation(void) {
         int ok = run(&a, l4, NULL, 0, NULL) == 0;
         a.B = 2; a.accum = 2;
         ok = ok && run(&a, l22, NULL, 0, NULL) == 0;
-        CHECK(ok, "%s accumulation runs", rec[k]);
+        EXPECT(ok, "%s accumulation runs", rec[k]);
         if (!ok) continue;
         double worst = 0.0;
         for (int s = 0; s < 6; s++) worst = fmax(worst, fabs((double)l22[s] - l4[s]) / l4[s]);
-        CHECK(worst <= bar[k], "%s %s: B=2 A=2 vs B=4: loss gap %.2e > %.0e", rec[k], opt[k], worst, bar[k]);
+        EXPECT(worst <= bar[k], "%s %s: B=2 A=2 vs B=4: loss gap %.2e > %.0e", rec[k], opt[k], worst, bar[k]);
         printf("  accumulation: %s %s on the GPU, B=2 x 2 micro-batches vs B=4, 6 steps: worst loss gap %.1e (bar %.0e)\n",
                rec[k], opt[k], worst, bar[k]);
     }
     TrainArgs a;
     small_args(&a, "flash", "adamw", 2, 2);
     a.release = 1; a.grad_clip = 0.0f; a.accum = 2;
-    CHECK(train_run(&a, NULL) != 0 && strstr(train_error_text, "-A 1"), "release with -A 2: '%s'", train_error_text);
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-A 1"), "release with -A 2: '%s'", train_error_text);
 }
 
 static void test_resume(void) {
@@ -203,10 +199,10 @@ static void test_resume(void) {
         a.stop_after = 0; a.resume = 1;
         memset(p1, 0xff, 4 * (size_t)n);
         ok = ok && run(&a, l1, p1, n, NULL) == 0;
-        CHECK(ok, "resume runs (%s)", recipes_[k]);
+        EXPECT(ok, "resume runs (%s)", recipes_[k]);
         if (!ok) continue;
         int same = memcmp(l0, l1, sizeof l0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0;
-        CHECK(same, "%s%s: stop at 3 + resume to 6 differs from 6 straight steps", recipes_[k], k == 3 ? " + release" : "");
+        EXPECT(same, "%s%s: stop at 3 + resume to 6 differs from 6 straight steps", recipes_[k], k == 3 ? " + release" : "");
         printf("  resume: %s%s, stop at step 3 and resume to 6: %s\n", recipes_[k], k == 3 ? " + release" : "",
                same ? "bit-identical" : "DIFFERENT");
     }
@@ -223,13 +219,13 @@ static void test_memory_d12(void) {
         a.model = "d12"; a.B = 16; a.T = 1024;
         if (k == 3) { a.release = 1; a.grad_clip = 0.0f; }
         TrainResult r;
-        if (run(&a, NULL, NULL, 0, &r)) { CHECK(0, "d12 %s", recipes_[k]); continue; }
+        if (run(&a, NULL, NULL, 0, &r)) { EXPECT(0, "d12 %s", recipes_[k]); continue; }
         bnb8_memory m = r.memory;
         double bpp = (m.weights + m.correction + m.gradients + m.states) / (double)m.params;
-        CHECK(fabs(bpp - expected[k]) < 0.0005, "d12 %s%s: %.4f bytes per parameter, expected %.3f", recipes_[k],
+        EXPECT(fabs(bpp - expected[k]) < 0.0005, "d12 %s%s: %.4f bytes per parameter, expected %.3f", recipes_[k],
               k == 3 ? " + release" : "", bpp, expected[k]);
         double gap = (r.gpu_measured - r.gpu_computed) / r.gpu_computed;
-        CHECK(fabs(gap) <= 0.05, "d12 %s: measured device memory %.3f GB vs computed %.3f GB (%+.1f%%, bar 5%%)",
+        EXPECT(fabs(gap) <= 0.05, "d12 %s: measured device memory %.3f GB vs computed %.3f GB (%+.1f%%, bar 5%%)",
               recipes_[k], r.gpu_measured / 1e9, r.gpu_computed / 1e9, 100 * gap);
         printf("  d12 B=16 T=1024 %-15s %7.3f bytes/param, device memory computed %6.2f GB, measured %6.2f GB (%+.1f%%), "
                "%8.0f tokens/s, loss %.3f -> %.3f\n", k == 3 ? "flash + release" : recipes_[k], bpp, r.gpu_computed / 1e9,
@@ -238,14 +234,14 @@ static void test_memory_d12(void) {
 }
 
 int main(void) {
+    printf("bnb8 GPU trainer tests, TEST_SEED=%llu\n", (unsigned long long)test_seed());
     if (!gpu_available()) { printf("test_train_gpu: no GPU found (%s)\n0 passed, 1 failed\n", gpt2_cuda_last_error()); return 1; }
-    test_parity_fp32();
-    test_bf16_losses();
-    test_release_equal();
-    test_recompute_equal();
-    test_accumulation();
-    test_resume();
-    test_memory_d12();
-    printf("%d passed, %d failed\n", passes, failures);
-    return failures ? 1 : 0;
+    test_run("trainer: fp32 SGD step on the GPU = the CPU's within 1e-4", test_parity_fp32);
+    test_run("trainer: flash (bf16 model) losses within 1% of the CPU's", test_bf16_losses);
+    test_run("trainer: flash + release = flash, bit for bit", test_release_equal);
+    test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
+    test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2", test_accumulation);
+    test_run("trainer: stop and resume is bit-exact (fp32, 8bit, flash, flash + release)", test_resume);
+    test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
+    return test_summary();
 }

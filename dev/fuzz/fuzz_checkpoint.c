@@ -12,8 +12,9 @@ The harness makes that directory, checks checkpoint_latest against its own readi
 then resumes one step from it (B, T, recipe and optimizer as the trainer state file says, when they
 are sane) on a fixed tokens file. A resume that works must leave a complete checkpoint one step on.
 */
-#define TRAIN_NO_MAIN
-#include "../../train_gpt2_8bit.c"
+#define _POSIX_C_SOURCE 200809L
+#include "../../train_gpt2_8bit.h"
+#include <sys/stat.h>
 #include "fuzz_util.h"
 #include "../../test/test.h"
 
@@ -195,8 +196,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int64_t w[STATE_WORDS];
         if (f && fread(w, sizeof w, 1, f) == 1) {
             if (w[5] >= 1 && w[6] >= 1 && w[5] <= 4 && w[6] <= 16) { a.B = w[5]; a.T = w[6]; }
-            if (w[7] >= 0 && w[7] < NUM_RECIPES) a.recipe = recipes[w[7]].name;
-            if (w[8] >= 0 && w[8] < NUM_OPTIMIZERS) a.optimizer = optimizers[w[8]].name;
+            if (w[7] >= 0 && w[7] < num_recipes) a.recipe = recipes[w[7]].name;
+            if (w[8] >= 0 && w[8] < num_optimizers) a.optimizer = optimizers[w[8]].name;
         }
         if (f) fclose(f);
         train_error_text[0] = 0;

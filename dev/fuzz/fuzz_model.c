@@ -4,8 +4,9 @@ bf16 version 5, the StableEmbedding flag). The input is the file. A file that lo
 forward pass and survive a save / load round trip bit for bit; everything else must be refused with
 a message naming the file. ASan / UBSan / LeakSanitizer catch the rest.
 */
-#define TRAIN_NO_MAIN
-#include "../../train_gpt2_8bit.c"
+#define _POSIX_C_SOURCE 200809L
+#include "../../gpt2_cpu.h"
+#include "../../gpt2_data.h"
 #include "fuzz_util.h"
 
 // Seeds: tiny models as fp32 and bf16 files, with and without StableEmbedding, Vp > V.
@@ -19,7 +20,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
             for (int bf16 = 0; bf16 < 2; bf16++) {
                 GPT2Config c;
                 GPT2 m;
-                if (config_from_descriptor(&c, descs[k])) abort();
+                if (gpt2_config_from_descriptor(&c, descs[k])) abort();
                 c.stable_embedding = stable;
                 const char *path = fuzz_path("seed.bin");
                 if (gpt2_init_random(&m, &c, 7) || gpt2_save(&m, path, bf16)) abort();

@@ -2,8 +2,8 @@
 fuzz_tokenizer.c — libFuzzer harness for the trainer's llm.c tokenizer loader (tokenizer_load). The
 input is the file; a tokenizer that loads prints every token (to /dev/null) and ids out of range.
 */
-#define TRAIN_NO_MAIN
-#include "../../train_gpt2_8bit.c"
+#define _POSIX_C_SOURCE 200809L
+#include "../../gpt2_data.h"
 #include "fuzz_util.h"
 
 // Seeds: a 1-token and an 8-token vocabulary (bytes of every kind, one 255-byte token).

@@ -1,0 +1,198 @@
+/*
+train_gpt2_8bit.h — the trainer's interface (train_gpt2_8bit.c) for its tests and fuzzers: the
+settings and results of a run, the recipes and optimizers it offers, the checkpoint files, and the
+Trainer with its two device rows. The trainer itself is the program; this header only lets tests
+reach its parts without compiling its source into theirs.
+*/
+#ifndef TRAIN_GPT2_8BIT_H
+#define TRAIN_GPT2_8BIT_H
+
+#include "bnb8.h"
+#include "gpt2.h"
+#include "gpt2_cpu.h"
+#include "gpt2_data.h"
+#include "gpt2_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A recipe: the formats a run keeps its weights, gradients and optimizer states in. Both devices
+// read it: the GPU runs its bf16 model for bf16 weights, its fp32 (parity) model for fp32 ones;
+// the CPU computes in fp32 and keeps bf16 weights and gradients as the optimizer's (widened before
+// the forward, rounded to nearest even after the backward).
+typedef struct {
+    const char *name;
+    bnb8_state_format states;
+    bnb8_dtype weights, grads;   // the persistent weights, the gradients the optimizer reads
+    int correction_bytes;        // bf16 weights: the optimizer's correction (1 = int8), a near-fp32 master
+    const char *about;
+} Recipe;
+extern const Recipe recipes[];
+extern const int num_recipes;
+int find_recipe(const char *name);   // index, or -1
+
+typedef struct {
+    const char *name;
+    bnb8_optim kind;
+    float lr, weight_decay;    // defaults for this trainer (-l, -c override them)
+} OptimizerChoice;
+extern const OptimizerChoice optimizers[];
+extern const int num_optimizers;
+int find_optimizer(const char *name);
+
+#define DEFAULT_DATA_DIR "dev/data/fortunes/"
+
+// The command line.
+typedef struct {
+    const char *train_path, *val_path, *tokenizer_path;   // "" = none (val, tokenizer)
+    const char *model;        // descriptor (d12, d4c128h4, ...) or an llm.c .bin model file
+    const char *out_dir;      // checkpoints go here; "" = none
+    int64_t B, T, steps;
+    int64_t accum;            // micro-batches of (B, T) per optimizer step (gradient accumulation)
+    float lr;                 // <= 0: the optimizer's default
+    float weight_decay;       // < 0: the optimizer's default
+    int64_t warmup;           // linear warm-up steps, then cosine decay to final_lr_frac * lr
+    float final_lr_frac;
+    float grad_clip;          // global gradient norm clip (0 = off)
+    const char *recipe, *optimizer;
+    int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
+    int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
+    int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
+    int release;              // gradient release (GPU, flash): step each layer inside backward
+    int recompute;            // GPU: keep each layer's output only, recompute the rest in backward
+    int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
+    int64_t eval_every, val_batches, sample_every, gen_tokens, ckpt_every;
+    int64_t stop_after;       // stop after this step (the schedule still spans `steps`); 0 = no
+    uint64_t seed;
+    int resume;
+    int verbose;              // 0: print nothing (tests)
+} TrainArgs;
+
+typedef struct {
+    float *losses;            // optional, (steps): train loss of step s at [s-1]; steps not run are left
+    float *final_params;      // optional, (final_params_count): the fp32 masters at the end
+    int64_t final_params_count;
+    int64_t first_step, last_step;     // the steps this call ran
+    float first_loss, last_loss, val_loss;
+    double tokens_per_second;
+    bnb8_memory memory;
+    int64_t skipped_steps;    // steps whose gradient had a NaN or Inf: no update made
+    int on_gpu;               // the run trained on the GPU
+    double gpu_computed, gpu_measured;   // GPU: device bytes the report computes, and measures
+} TrainResult;
+
+void train_args_default(TrainArgs *a);
+// 0 (run), 1 (-h: print usage) or -1 (bad flag: message in train_error_text). given[c] is set for
+// each flag -c on the command line.
+int parse_args(int argc, char **argv, TrainArgs *a, char given[128]);
+// On the GPU, the flags left out take the GPU's defaults (d12, flash + release, B=16, T=1024, ...).
+void apply_gpu_defaults(TrainArgs *a, const char given[128]);
+void usage(FILE *f);
+// Learning rate of step s (1-based): linear warm-up, then cosine from lr to final_lr_frac * lr.
+float lr_schedule(const TrainArgs *a, float lr, int64_t s);
+// One run: the model (or the newest checkpoint of -o), the data, the device, the steps, the report.
+// res (may be NULL) receives the results; 0 or -1 with the message in train_error_text.
+int train_run(const TrainArgs *a, TrainResult *res);
+// Is there a GPU this build can train on?
+int gpu_available(void);
+
+// Checkpoints: in out_dir, for step s: model_s.bin (llm.c fp32: the fp32 masters), optim_s.bin (the
+// library's state file), state_s.bin (this trainer's) and DONE_s, written last; each written
+// atomically. Resume takes the newest step that has its DONE. DESIGN.md §8.4.
+// The trainer state file: STATE_WORDS little-endian int64, magic and version first.
+#define STATE_MAGIC 20251122
+#define STATE_VERSION 1
+#define STATE_WORDS 16
+typedef struct {
+    int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
+    uint64_t rng, seed;
+    int64_t release;          // the optimizer's tensors are per-layer slices (word 12; 0 in older files)
+    int64_t accum;            // micro-batches per step (word 13; 0 in older files, meaning 1)
+} TrainerState;
+int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
+int state_load(TrainerState *s, const char *path);
+void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext);
+// Writes the checkpoint of step s->step: masters are the fp32 weights (layout of c); refused, with
+// nothing written, when one of them is not finite.
+int checkpoint_save(const char *dir, const GPT2Config *c, const float *masters, bnb8_optimizer *opt,
+                    const TrainerState *s);
+int64_t checkpoint_latest(const char *dir);   // the newest step with a DONE marker, or 0
+
+// The GPU row's state (gpt2_cuda's model, its gradients, what the release callback needs).
+typedef struct {
+    GPT2Cuda *model;
+    GPT2CudaGrads grads;         // every gradient, or under release the release layout
+    size_t grads_bytes;
+    char name[128];              // the GPU's
+    size_t total_bytes;          // its memory
+    size_t used_before;          // in use before this run allocated anything (cudaMemGetInfo)
+    size_t used_peak;            // the most in use at the end of a step since
+    float *logits;               // (Vp) host: one row of logits, for sampling
+} Gpu;
+
+// A run in progress. The device rows (static in train_gpt2_8bit.c, one for the CPU model and one
+// for the GPU model) do the work that differs; everything else is written once.
+typedef struct Trainer Trainer;
+typedef struct {
+    const char *name;
+    // The model on the device, where the optimizer finds each tensor, the optimizer (and its
+    // checkpointed state when resuming).
+    int (*open)(Trainer *t);
+    // Forward and backward of one micro-batch: gradients overwritten (accumulate 0) or added to.
+    int (*micro_step)(Trainer *t, const int *inputs, const int *targets, int accumulate, float lr, float *loss);
+    // The optimizer step: *norm the mean gradient's norm (NAN when not formed), *skipped 1 when
+    // it was not finite and nothing changed.
+    int (*step)(Trainer *t, float lr, double *norm, int *skipped);
+    int (*eval)(Trainer *t, const int *inputs, const int *targets, float *loss);   // mean loss, no backward
+    // The (Vp) logits after tokens[0..n-1], one sequence; *logits stays valid until the next call.
+    int (*logits)(Trainer *t, const int *tokens, int64_t n, float **logits);
+    // The fp32 masters of every weight on the host (valid until the next step).
+    int (*masters)(Trainer *t, float **out);
+    double (*print_activations)(Trainer *t);   // the report's activation lines; their bytes
+    // Device memory computed by the accounting and measured (0: the device has none of its own).
+    int (*device_memory)(Trainer *t, double *computed, double *measured);
+    void (*close)(Trainer *t);
+} Device;
+
+struct Trainer {
+    TrainArgs a;
+    const Recipe *recipe;
+    const OptimizerChoice *oc;
+    float lr, wd;                    // peak learning rate and weight decay of this run
+    const Device *dev;
+    char where[192];                 // the device, for the banner and the report
+    GPT2 model;                      // CPU: the model; GPU: the host copy of its weights
+    char model_path[1024];
+    TokenFile train_file, val_file;
+    Tokenizer tok;
+    DataLoader loader;
+    // Where the optimizer finds tensor i: its weights and gradients, on the device, in the recipe's
+    // dtypes. Under release the per-layer gradients are one layer's slice, shared by every layer.
+    void *param[GPT2_NUM_PARAMS], *grad[GPT2_NUM_PARAMS];
+    bnb8_optimizer *opt;
+    double state_bytes[GPT2_NUM_PARAMS];   // each tensor's optimizer state, by the library's accounting
+    Rng rng;                          // sampling
+    int64_t start, end, step;         // this call runs steps start+1 .. end; step is the one running
+    TrainerState resumed;             // the checkpoint's trainer state (start > 0)
+    // the CPU row: fp32 gradients; for bf16 weights the persistent bf16 weights and gradients
+    // (model.params_memory and grads are then the fp32 working copies)
+    float *grads;
+    uint16_t *weights16, *grads16;
+    Gpu gpu;                          // the GPU row
+};
+// Phases 1-4 of train_run (settings, model, data, device and optimizer); trainer_free undoes them.
+int trainer_open(Trainer *t, const TrainArgs *a);
+void trainer_free(Trainer *t);
+// Up to gen_tokens tokens after an end-of-text (at most T in all) into out (out[0] is the start):
+// their number, or -1 on a device error.
+int64_t generate(Trainer *t, int eot, int64_t gen_tokens, int *out);
+
+// Tests only (NULL in the trainer): called on the CPU after each step's backward, before the
+// optimizer step, with the fp32 gradients (the model's layout), to inject faults.
+extern void (*train_after_backward)(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // TRAIN_GPT2_8BIT_H
