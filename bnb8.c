@@ -305,8 +305,8 @@ static int bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t 
     if (n > 0 && (!a || !b)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     if (narrow != BNB8_BF16 && narrow != BNB8_F16)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: narrow dtype %d is not bf16 or f16", fn, (int)narrow);
-    if (corr && corr_bytes != 1 && corr_bytes != 2)
-        return bnb8_fail(BNB8_ERR_ARG, "%s: corr_bytes %d is not 1 (int8) or 2 (int16)", fn, corr_bytes);
+    if (corr && corr_bytes != 1 && corr_bytes != 2 && corr_bytes != 4)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: corr_bytes %d is not 1 (int8), 2 (int16) or 4 (fp32 master)", fn, corr_bytes);
     return BNB8_OK;
 }
 
@@ -392,8 +392,8 @@ typedef struct {
     const float *code[3];       // 8-bit: each state's map (in the optimizer's code[map][is_signed])
     void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash state
     bnb8_dtype scale_dtype;
-    int correction_bytes;       // bf16/fp16 weights of a flash configuration: 1 or 2 (cfg), else 0
-    void *correction;           // (n) int8 or int16
+    int correction_bytes;       // bf16/fp16 weights: cfg's 1, 2 or 4; fp32 weights: 0
+    void *correction;           // (n) int8, int16 or fp32 (the master)
     float *gnorm_history;       // (100) squared gradient norms, for percentile clipping
     void *memory;               // the one allocation all of the above live in
     size_t memory_bytes;
@@ -433,7 +433,7 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
     c.lr = 1e-3f; c.beta1 = 0.9f; c.beta2 = 0.999f; c.beta3 = 0.9999f; c.eps = 1e-8f;
     c.alpha = 0.99f; c.percentile_clipping = 100; c.format = BNB8_STATE_8BIT;
     c.blocksize = 256; c.min_8bit_size = 4096;
-    c.correction_bytes = 1; c.scale_dtype = BNB8_BF16;
+    c.correction_bytes = BNB8_CORRECTION_AUTO; c.scale_dtype = BNB8_BF16;
     switch (kind) {
     case BNB8_ADAMW: c.weight_decay = 1e-2f; break;
     case BNB8_LAMB: c.max_unorm = 1.0f; break;
@@ -468,8 +468,10 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
     if (c->format == BNB8_STATE_FLASH && !bnb8_flash_kind(kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: the flash state format exists for AdamW, Adam, SGD and Lion only, "
                          "not optimizer kind %d", fn, (int)kind);
-    if (c->correction_bytes < 0 || c->correction_bytes > 2)
-        return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not 0 (none), 1 (int8) or 2 (int16)", fn, c->correction_bytes);
+    int cb = c->correction_bytes;
+    if (cb != BNB8_CORRECTION_AUTO && cb != 0 && cb != 1 && cb != 2 && cb != 4)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not BNB8_CORRECTION_AUTO (-1), 0 (none), 1 (int8), "
+                         "2 (int16) or 4 (fp32 master)", fn, cb);
     if (bnb8_dtype_size(c->scale_dtype) == 0)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: scale_dtype %d is not f32, f16 or bf16", fn, (int)c->scale_dtype);
     if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
@@ -556,7 +558,7 @@ int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_co
 static int64_t bnb8_block_count(int64_t n, int64_t blocksize) { return (n + blocksize - 1) / blocksize; }
 
 // Bytes of one tensor's states: per state n floats, or n codes plus an absmax per block (8-bit) or
-// a scale per group of 32 (flash); plus the weights' correction (n int8 or int16).
+// a scale per group of 32 (flash); plus the weights' correction (n int8, int16 or fp32).
 static size_t bnb8_state_bytes(const bnb8_tensor *t) {
     size_t per_state = t->format == BNB8_STATE_8BIT
         ? (size_t)t->n + sizeof(float) * (size_t)bnb8_block_count(t->n, t->block)
@@ -568,11 +570,13 @@ static size_t bnb8_state_bytes(const bnb8_tensor *t) {
 }
 
 // Points a tensor's state arrays into its one allocation, widest elements first so that each is
-// aligned: history, absmax (8-bit) or scales (flash), 32-bit states, the correction, byte codes.
+// aligned: history, an fp32 master, absmax (8-bit) or scales (flash), 32-bit states, an int8 or
+// int16 correction, byte codes.
 static void bnb8_layout_states(bnb8_tensor *t) {
     uint8_t *p = (uint8_t *)t->memory;
     int64_t nblocks = bnb8_block_count(t->n, t->block), ngroups = bnb8_block_count(t->n, BNB8_FLASH_GROUP);
     if (t->cfg.percentile_clipping < 100) { t->gnorm_history = (float *)p; p += 100 * sizeof(float); }
+    if (t->correction_bytes == 4) { t->correction = p; p += sizeof(float) * (size_t)t->n; }
     for (int k = 0; k < t->nstates; k++) {
         if (t->format == BNB8_STATE_8BIT) { t->absmax[k] = (float *)p; p += sizeof(float) * (size_t)nblocks; }
         if (t->format == BNB8_STATE_FLASH) { t->scale[k] = p; p += bnb8_dtype_size(t->scale_dtype) * (size_t)ngroups; }
@@ -581,7 +585,7 @@ static void bnb8_layout_states(bnb8_tensor *t) {
         t->state[k] = p;
         p += sizeof(float) * (size_t)t->n;
     }
-    if (t->correction_bytes) { t->correction = p; p += (size_t)t->correction_bytes * (size_t)t->n; }
+    if (t->correction_bytes && t->correction_bytes < 4) { t->correction = p; p += (size_t)t->correction_bytes * (size_t)t->n; }
     for (int k = 0; k < t->nstates && t->format != BNB8_STATE_32BIT; k++) {
         t->state[k] = p;
         p += (size_t)t->n;
@@ -617,7 +621,12 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
                          "map is CPU-only for now)", fn, name);
     t.nstates = bnb8_state_count(opt->kind, t.cfg.momentum);
     t.scale_dtype = t.cfg.scale_dtype;
-    if (t.cfg.format == BNB8_STATE_FLASH && param_dtype != BNB8_F32) t.correction_bytes = t.cfg.correction_bytes;
+    if (param_dtype != BNB8_F32)   // automatic: int8 for a flash configuration (small tensors too), else none
+        t.correction_bytes = t.cfg.correction_bytes != BNB8_CORRECTION_AUTO ? t.cfg.correction_bytes
+                           : t.cfg.format == BNB8_STATE_FLASH ? 1 : 0;
+    if (t.on_gpu && (t.correction_bytes == 4 || (t.correction_bytes && t.format == BNB8_STATE_8BIT)))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': an fp32 master, or a correction with 8-bit block-wise states, is "
+                         "CPU-only for now", fn, name);
     t.memory_bytes = bnb8_state_bytes(&t);
     if (t.memory_bytes > 0) {
         if (t.on_gpu) status = bnb8_cuda_alloc_zeroed(&t.memory, t.memory_bytes);
@@ -1202,7 +1211,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
         size_t want_bytes = t->memory_bytes + bnb8_record_weight_bytes(t);
-        uint32_t map = format >> 8;   // of an 8-bit record (nothing else lies above its format byte)
+        uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record
         if (t->format == BNB8_STATE_8BIT && (format & 0xffu) == BNB8_STATE_8BIT &&
             (map != (uint32_t)t->cfg.map || blocksize != t->cfg.blocksize)) {
             // 8-bit states of another map or block size: say so, not just that the fields differ.

@@ -27,9 +27,10 @@ CONVENTIONS (DESIGN.md §1, §2)
     then outputs (each with its dtype): n comes 2nd after a plain float input and later after an
     encoded one (q + absmax, narrow weights + correction); bnb8_compand alone takes its scales'
     dtype before its outputs. Kept so: the trainer, the tests and the GPU twins use these signatures.
-  - Master weight correction ("correction"): the int8 or int16 per element that makes bf16/fp16
-    weights a near-fp32 master: cfg.correction_bytes, bnb8_memory.correction, and the functions
-    bnb8_ecc_* ("ecc": FlashOptim's "error correction").
+  - Master weight correction ("correction"): what makes bf16/fp16 weights a near-fp32 or fp32
+    master, whatever the state format: an int8 or int16 per element, or a full fp32 master (the
+    weights are then its RNE): cfg.correction_bytes 1, 2 or 4, bnb8_memory.correction, and the
+    functions bnb8_ecc_* ("ecc": FlashOptim's "error correction").
   - CPU and GPU results are bit-identical: both compile the per-element math below. Build with
     -ffp-contract=off (C) and -fmad=false (nvcc), never with fast-math.
 */
@@ -113,6 +114,7 @@ typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2 }
 // Maps of 8-bit states: signed states take the signed map, non-negative ones (Adam's v) the unsigned.
 typedef enum { BNB8_MAP_DYNAMIC = 0, BNB8_MAP_LINEAR = 1, BNB8_NUM_MAPS } bnb8_map;
 
+#define BNB8_CORRECTION_AUTO (-1)   // cfg.correction_bytes: the state format's own (int8 for flash)
 typedef struct {
     float lr;                    // base learning rate; each step passes the scheduled one
     float beta1, beta2, beta3;   // moment decays (beta3: AdEMAMix's slow EMA)
@@ -128,8 +130,9 @@ typedef struct {
                                  // per tensor (the paper's ablation; two passes per step)
     bnb8_map map;                // 8-bit: dynamic (default) or linear; a GPU tensor keeps the optimizer's
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
-    int correction_bytes;        // flash, bf16/fp16 weights: the master weight correction's bytes,
-                                 // 0 (none), 1 (int8, default) or 2 (int16)
+    int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
+                                 // bytes, 0 (none), 1 (int8), 2 (int16), 4 (an fp32 master), or
+                                 // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none
     bnb8_dtype scale_dtype;      // flash: the group scales' type, BNB8_BF16 (default), BNB8_F16 or BNB8_F32
 } bnb8_config;
 
@@ -184,7 +187,7 @@ int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
 
 // ==== [api.flash] master weight correction and companded states as arrays (DESIGN.md §6) =========
 // narrow[i] = RNE(x[i]) in bf16/fp16 and, when corr is not NULL, its correction (corr_bytes 1: int8,
-// 2: int16).
+// 2: int16, 4: x itself, an fp32 master).
 int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes);
 // out[i] = narrow[i] with its correction applied (corr NULL: the narrow value widened).
 int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out);
@@ -640,17 +643,20 @@ BNB8_HD float bnb8_ecc_value(uint16_t bits, bnb8_dtype narrow, int32_t q, int32_
 }
 
 // Element i of a parameter as its master: bf16/fp16 with a correction array (corr_bytes 1 or 2),
-// or the plain value (corr_bytes 0, fp32). The store writes RNE(x) and x's new correction.
+// an fp32 master (corr_bytes 4), or the plain value (corr_bytes 0, fp32). The store writes RNE(x)
+// and x's new correction (for an fp32 master, x).
 BNB8_HD float bnb8_master_load(const void *param, bnb8_dtype dtype, const void *corr, int corr_bytes, int64_t i) {
     if (dtype == BNB8_F32 || corr_bytes == 0) return bnb8_load(param, dtype, i);
+    if (corr_bytes == 4) return ((const float *)corr)[i];
     int32_t q = corr_bytes == 1 ? (int32_t)((const int8_t *)corr)[i] : (int32_t)((const int16_t *)corr)[i];
     return bnb8_ecc_value(((const uint16_t *)param)[i], dtype, q, bnb8_ecc_qmax(corr_bytes));
 }
 BNB8_HD void bnb8_master_store(void *param, bnb8_dtype dtype, void *corr, int corr_bytes, int64_t i, float x) {
     if (dtype == BNB8_F32 || corr_bytes == 0) { bnb8_store(param, dtype, i, x); return; }
     uint16_t bits = bnb8_f32_to_narrow(x, dtype);
-    int32_t q = bnb8_ecc_code(x, bits, dtype, bnb8_ecc_qmax(corr_bytes));
     ((uint16_t *)param)[i] = bits;
+    if (corr_bytes == 4) { ((float *)corr)[i] = x; return; }
+    int32_t q = bnb8_ecc_code(x, bits, dtype, bnb8_ecc_qmax(corr_bytes));
     if (corr_bytes == 1) ((int8_t *)corr)[i] = (int8_t)q;
     else ((int16_t *)corr)[i] = (int16_t)q;
 }

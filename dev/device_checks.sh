@@ -48,7 +48,7 @@ for c in $CHECKS; do
              while read -r flags; do
                  i=$((i + 1))
                  check "recipe$i" "$BIN/train_gpt2_8bit_cuda" $flags -n 12 -v 6 -s 6 -G 16
-                 { echo "== $flags"; grep -a -E '^step|^loss|^---- sample' -A1 "$OUT/recipe$i.log" | grep -v '^--$' |
+                 { echo "== $flags"; grep -a -E '^step|^loss|^---- sample' -A1 "$OUT/recipe$i.log" | grep -a -v '^--$' |
                    sed -E 's/ \| +[0-9.]+ ms \| +[0-9]+ tok\/s//'; } >> "$OUT/recipes.txt"
              done <<'LIST'
 -r fp32

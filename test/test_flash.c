@@ -781,35 +781,39 @@ static void test_export_import(void) {
     free(x); free(y); free(ref);
 }
 
-// A mixed set of flash tensors (and an 8-bit one): A steps, saves, steps; B starts with garbage in
-// the corrected weights (the file restores them) and A's values in the others, loads, takes the
-// same steps. B's weights and its final file equal A's, byte for byte. Mismatched files are refused.
+// A mixed set of flash tensors (and 8-bit ones with an int8 correction and an fp32 master): A steps,
+// saves, steps; B starts with garbage in the corrected weights (the file restores them) and A's
+// values in the others, loads, takes the same steps. B's weights and its final file equal A's, byte
+// for byte. Mismatched files are refused.
 typedef struct { const char *name; int64_t n; bnb8_dtype pdt; int cb; bnb8_dtype sdt; bnb8_state_format fmt; int pc; } fspec;
-static const fspec fspecs[6] = {
+#define NSPEC 8
+static const fspec fspecs[NSPEC] = {
     {"bf16_int8", 5000, BNB8_BF16, 1, BNB8_BF16, BNB8_STATE_FLASH, 0},
     {"f32", 4100, BNB8_F32, 1, BNB8_F16, BNB8_STATE_FLASH, 1},
     {"f16_int16_small", 300, BNB8_F16, 2, BNB8_BF16, BNB8_STATE_FLASH, 0},   // under min_8bit_size: 32-bit states
     {"bf16_plain_f32scales", 4133, BNB8_BF16, 0, BNB8_F32, BNB8_STATE_FLASH, 0},
     {"f16_int8_pc", 6001, BNB8_F16, 1, BNB8_F16, BNB8_STATE_FLASH, 1},
     {"eight_bit", 4500, BNB8_BF16, 1, BNB8_BF16, BNB8_STATE_8BIT, 0},
+    {"eight_bit_fp32_master", 4600, BNB8_BF16, 4, BNB8_BF16, BNB8_STATE_8BIT, 1},
+    {"f16_fp32_master", 4200, BNB8_F16, 4, BNB8_BF16, BNB8_STATE_FLASH, 0},
 };
 
-typedef struct { bnb8_optimizer *opt; void *p[6], *g[6]; } fmodel;
+typedef struct { bnb8_optimizer *opt; void *p[NSPEC], *g[NSPEC]; } fmodel;
 
 static int fmodel_new(fmodel *m, bnb8_optim kind, const fspec *spec_in, int variant) {
     memset(m, 0, sizeof *m);
-    fspec spec[6];
+    fspec spec[NSPEC];
     memcpy(spec, spec_in, sizeof spec);
-    if (variant == 12) spec[0].pdt = BNB8_F16;   // the same bytes, another meaning
+    if (variant == 2 * NSPEC) spec[0].pdt = BNB8_F16;   // the same bytes, another meaning
     bnb8_config c = bnb8_config_default(kind);
     c.format = BNB8_STATE_FLASH;
     if (bnb8_optimizer_create(&m->opt, kind, &c)) return 0;
-    for (int j = 0; j < 6; j++) {
+    for (int j = 0; j < NSPEC; j++) {
         bnb8_config o = c;
         o.correction_bytes = spec[j].cb; o.scale_dtype = spec[j].sdt; o.format = spec[j].fmt;
         if (spec[j].pc) o.percentile_clipping = 90;
         if (variant == j) o.scale_dtype = o.scale_dtype == BNB8_BF16 ? BNB8_F16 : BNB8_BF16;   // a mismatching twin
-        if (variant == 6 + j) o.correction_bytes = o.correction_bytes == 1 ? 2 : 1;
+        if (variant == NSPEC + j) o.correction_bytes = o.correction_bytes == 1 ? 2 : 1;
         if (bnb8_optimizer_override(m->opt, spec[j].name, &o)) return 0;
         size_t es = bnb8_dtype_size(spec[j].pdt);
         m->p[j] = calloc((size_t)spec[j].n, es);
@@ -819,13 +823,13 @@ static int fmodel_new(fmodel *m, bnb8_optim kind, const fspec *spec_in, int vari
     return 1;
 }
 static void fmodel_free(fmodel *m) {
-    for (int j = 0; j < 6; j++) { free(m->p[j]); free(m->g[j]); }
+    for (int j = 0; j < NSPEC; j++) { free(m->p[j]); free(m->g[j]); }
     bnb8_optimizer_free(m->opt);
 }
 static void fmodel_steps(fmodel *m, int steps, uint64_t seed) {
     test_rng r = {seed};
     for (int s = 0; s < steps; s++) {
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < NSPEC; j++)
             for (int64_t i = 0; i < fspecs[j].n; i++) bnb8_store(m->g[j], fspecs[j].pdt, i, (float)(0.01 * test_randn(&r)));
         EXPECT(bnb8_optimizer_step(m->opt, 1e-3f * (1.0f - 0.1f * (float)s), 1.0f, NULL) == 0, "step: %s", bnb8_last_error());
     }
@@ -840,13 +844,13 @@ static void test_flash_resume(void) {
         test_rng rng = test_rng_new();
         uint64_t s1 = test_u64(&rng), s2 = test_u64(&rng);
         if (!fmodel_new(&a, kk[k], fspecs, -1) || !fmodel_new(&b, kk[k], fspecs, -1)) { EXPECT(0, "%s", bnb8_last_error()); return; }
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < NSPEC; j++)
             for (int64_t i = 0; i < fspecs[j].n; i++) bnb8_store(a.p[j], fspecs[j].pdt, i, (float)(0.1 * test_randn(&rng)));
         fmodel_steps(&a, 3, s1);
         EXPECT(bnb8_optimizer_save(a.opt, f1) == 0, "save: %s", bnb8_last_error());
-        for (int j = 0; j < 6; j++) {
+        for (int j = 0; j < NSPEC; j++) {
             size_t bytes = bnb8_dtype_size(fspecs[j].pdt) * (size_t)fspecs[j].n;
-            int corrected = fspecs[j].cb && fspecs[j].pdt != BNB8_F32 && fspecs[j].fmt == BNB8_STATE_FLASH;
+            int corrected = fspecs[j].cb && fspecs[j].pdt != BNB8_F32;
             if (corrected) for (size_t i = 0; i < bytes; i++) ((uint8_t *)b.p[j])[i] = (uint8_t)test_u64(&rng);
             else memcpy(b.p[j], a.p[j], bytes);
         }
@@ -858,14 +862,13 @@ static void test_flash_resume(void) {
         size_t n2, n3;
         uint8_t *d2 = test_slurp(f2, &n2), *d3 = test_slurp(f3, &n3);
         EXPECT(d2 && d3 && n2 == n3 && memcmp(d2, d3, n2) == 0, "kind %d: the resumed run's file differs", (int)kk[k]);
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < NSPEC; j++)
             EXPECT(memcmp(a.p[j], b.p[j], bnb8_dtype_size(fspecs[j].pdt) * (size_t)fspecs[j].n) == 0,
                    "kind %d: %s differs after resume", (int)kk[k], fspecs[j].name);
         // Mismatched optimizers refuse the file and keep their states and weights.
-        for (int variant = 0; variant < 13 && k == 0; variant++) {
-            if ((variant < 6 && (fspecs[variant].fmt != BNB8_STATE_FLASH || fspecs[variant].n < 4096)) ||
-                (variant >= 6 && variant < 12 && (fspecs[variant - 6].pdt == BNB8_F32 || fspecs[variant - 6].cb == 0 ||
-                                  fspecs[variant - 6].fmt != BNB8_STATE_FLASH)))
+        for (int variant = 0; variant <= 2 * NSPEC && k == 0; variant++) {
+            if ((variant < NSPEC && (fspecs[variant].fmt != BNB8_STATE_FLASH || fspecs[variant].n < 4096)) ||
+                (variant >= NSPEC && variant < 2 * NSPEC && (fspecs[variant - NSPEC].pdt == BNB8_F32 || fspecs[variant - NSPEC].cb == 0)))
                 continue;
             fmodel m;
             if (!fmodel_new(&m, kk[k], fspecs, variant)) { EXPECT(0, "%s", bnb8_last_error()); fmodel_free(&m); continue; }
@@ -981,7 +984,7 @@ static void test_flash_misuse(void) {
     bnb8_config c = bnb8_config_default(BNB8_ADAMW), bad;
     c.format = BNB8_STATE_FLASH;
     bad = c; bad.correction_bytes = 3; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: correction_bytes 3");
-    bad = c; bad.correction_bytes = -1; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: correction_bytes -1");
+    bad = c; bad.correction_bytes = -2; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: correction_bytes -2");
     bad = c; bad.scale_dtype = (bnb8_dtype)7; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: scale_dtype 7");
     bad = c; bad.format = (bnb8_state_format)3; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: format 3");
     EXPECT(o == NULL, "a refused create gave an optimizer");
@@ -1153,6 +1156,96 @@ static void test_fast_compand(void) {
 
 // ------------------------------------------------------------------------------------------------
 
+// 7. Master weights whatever the state format (DESIGN.md §6.6): for 32-bit, 8-bit block-wise and
+// flash states, bf16 and fp16 weights with each master kind run 100 steps beside the same optimizer
+// on fp32 weights, on the same gradients. An fp32 master follows the fp32 run bit for bit and its
+// weights are RNE of it, every element (AdamW, Lion, SGD). AdamW's states depend on the gradients
+// only, so the runs differ only by what the master loses per step: at most ulp/(4 QMAX) of the
+// narrow weight (DESIGN.md §6.1) plus an fp32 rounding, so after T steps the distance to the fp32
+// run is within T times that at the largest magnitude the element had, per element; uncorrected weights (ulp/2 per step) fall outside
+// the int8 bound, and int16 ends closer than int8.
+#define MASTER_N 5000
+#define MASTER_STEPS 100
+static void master_run(bnb8_optim kind, bnb8_state_format fmt, bnb8_dtype pdt, int cb, const float *p0, const float *grads,
+                       float *master, uint16_t *narrow, float *peak) {
+    bnb8_config c = bnb8_config_default(kind);
+    c.format = fmt; c.correction_bytes = cb; c.lr = kind == BNB8_LION ? 1e-4f : 1e-3f; c.weight_decay = 0.01f;
+    static uint16_t w16[MASTER_N];
+    static float w32[MASTER_N];
+    bnb8_optimizer *opt = NULL;
+    void *w = pdt == BNB8_F32 ? (void *)w32 : (void *)w16;
+    float g[MASTER_N];
+    int id = -1, ok = bnb8_optimizer_create(&opt, kind, &c) == 0 &&
+        bnb8_optimizer_add(opt, "w", w, pdt, g, BNB8_F32, MASTER_N, &id) == 0 && bnb8_optimizer_import_fp32(opt, id, p0) == 0;
+    for (int s = 0; ok && s < MASTER_STEPS; s++) {
+        memcpy(g, grads + (int64_t)s * MASTER_N, sizeof g);
+        ok = bnb8_optimizer_step(opt, c.lr, 1.0f, NULL) == 0;
+        if (peak && ok && (ok = bnb8_optimizer_export_fp32(opt, id, master) == 0))   // the largest |master| so far
+            for (int64_t i = 0; i < MASTER_N; i++) peak[i] = fmaxf(s ? peak[i] : fabsf(p0[i]), fabsf(master[i]));
+    }
+    ok = ok && bnb8_optimizer_export_fp32(opt, id, master) == 0;
+    EXPECT(ok, "%s: %s", bnb8_strerror(1), bnb8_last_error());
+    if (narrow) memcpy(narrow, w16, sizeof w16);
+    bnb8_optimizer_free(opt);
+}
+
+static void test_master_every_format(void) {
+    static float p0[MASTER_N], grads[MASTER_STEPS * MASTER_N], ref[MASTER_N], got[MASTER_N], peak[MASTER_N];
+    static uint16_t narrow[MASTER_N];
+    test_rng r = test_rng_new();
+    for (int64_t i = 0; i < MASTER_N; i++) p0[i] = (float)(0.05 * test_randn(&r));
+    for (int64_t i = 0; i < MASTER_STEPS * MASTER_N; i++) grads[i] = (float)((test_randn(&r) + 0.3) * 1e-2);
+    const bnb8_state_format fmts[3] = {BNB8_STATE_32BIT, BNB8_STATE_8BIT, BNB8_STATE_FLASH};
+    const char *fmt_names[3] = {"32-bit", "8-bit", "flash"};
+    const bnb8_optim kinds[3] = {BNB8_ADAMW, BNB8_LION, BNB8_SGD};
+    const char *kind_names[3] = {"AdamW", "Lion", "SGD"};
+    for (int f = 0; f < 3; f++)
+        for (int k = 0; k < 3; k++) {
+            master_run(kinds[k], fmts[f], BNB8_F32, BNB8_CORRECTION_AUTO, p0, grads, ref, NULL, peak);
+            for (int d = 0; d < 2; d++) {
+                bnb8_dtype pdt = d ? BNB8_F16 : BNB8_BF16;
+                master_run(kinds[k], fmts[f], pdt, 4, p0, grads, got, narrow, NULL);
+                int64_t bad = -1, bad_narrow = -1;
+                for (int64_t i = 0; i < MASTER_N; i++) {
+                    if (bad < 0 && f_bits(got[i]) != f_bits(ref[i])) bad = i;
+                    uint16_t want = pdt == BNB8_BF16 ? bnb8_f32_to_bf16(ref[i]) : bnb8_f32_to_f16(ref[i]);
+                    if (bad_narrow < 0 && narrow[i] != want) bad_narrow = i;
+                }
+                EXPECT(bad < 0, "%s %s %s + fp32 master: element %lld is %.9g, the fp32 run's %.9g", kind_names[k],
+                       fmt_names[f], dt_name(pdt), (long long)bad, bad < 0 ? 0.0 : (double)got[bad], bad < 0 ? 0.0 : (double)ref[bad]);
+                EXPECT(bad_narrow < 0, "%s %s %s + fp32 master: weight %lld is not RNE of the master", kind_names[k],
+                       fmt_names[f], dt_name(pdt), (long long)bad_narrow);
+                if (kinds[k] != BNB8_ADAMW) continue;
+                // int16, int8, none: the distance to the fp32 run against T steps of the per-step bound
+                double dist[3], over[3];
+                const int cbs[3] = {2, 1, 0};
+                for (int j = 0; j < 3; j++) {
+                    master_run(BNB8_ADAMW, fmts[f], pdt, cbs[j], p0, grads, got, NULL, NULL);
+                    double d2 = 0.0, u2 = 0.0, worst = 0.0;
+                    for (int64_t i = 0; i < MASTER_N; i++) {
+                        // the narrow value of the largest magnitude rounded up one ulp: its ulp bounds every step's
+                        double e = fabs((double)got[i] - ref[i]), n = (1.0 + 0x1p-7) * peak[i];
+                        double bound = MASTER_STEPS * (2.0 * half_ulp(n, pdt) / (4.0 * (cbs[j] == 2 ? 32767 : 127)) + 2.0 * ulp32(n));
+                        d2 += e * e;
+                        u2 += ((double)ref[i] - p0[i]) * ((double)ref[i] - p0[i]);
+                        worst = fmax(worst, e / bound);
+                    }
+                    dist[j] = sqrt(d2 / u2);
+                    over[j] = worst;
+                }
+                EXPECT(over[0] <= 1.0 && over[1] <= 1.0, "%s %s: int16 / int8 masters reach %.3g / %.3g of T steps' bound",
+                       fmt_names[f], dt_name(pdt), over[0], over[1]);
+                EXPECT(over[2] > 1.0, "%s %s: uncorrected weights stay within the int8 bound (%.3g): the bound cannot fail",
+                       fmt_names[f], dt_name(pdt), over[2]);
+                EXPECT(dist[0] < dist[1] && dist[1] < dist[2], "%s %s: distances int16 %.3g, int8 %.3g, none %.3g not in order",
+                       fmt_names[f], dt_name(pdt), dist[0], dist[1], dist[2]);
+                if (verbose)
+                    printf("    %-6s %-4s AdamW, 100 steps: |master - fp32 run| / |fp32 update|: fp32 master 0, int16 %.2e, "
+                           "int8 %.2e, none %.2e\n", fmt_names[f], dt_name(pdt), dist[0], dist[1], dist[2]);
+            }
+        }
+}
+
 void tests_flash(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     full = getenv("BNB8_TEST_FULL") != NULL;
@@ -1173,5 +1266,6 @@ void tests_flash(void) {
     test_run("flash: the GPU's fast bf16 master from every weight and int8 correction", test_fast_ecc_value);
     test_run("flash: the GPU's fast int8 correction on every exponent", test_fast_ecc_code);
     test_run("flash: the GPU's fast companded codes next to every code boundary", test_fast_compand);
+    test_run("master weights: fp32, int16, int8, none with 32-bit, 8-bit and flash states", test_master_every_format);
     rmdir(fdir);
 }
