@@ -810,9 +810,9 @@ typedef struct {
     int32_t param_dtype, grad_dtype, eight_bit, blocksize, percentile;
     bnb8_step_args args;
     int32_t format;              // bnb8_state_format of the states (32-bit, 8-bit, flash)
-    int32_t correction_bytes;    // 0, or 1 / 2: param is bf16/fp16 with an int8/int16 correction
+    int32_t correction_bytes;    // 0, or 1 / 2 / 4: param is bf16/fp16 with an int8/int16 correction or fp32 master
     int32_t scale_dtype;         // flash states: the dtype of the group scales
-    void *correction;            // (n) int8 or int16, when correction_bytes > 0
+    void *correction;            // (n) int8, int16 or fp32, when correction_bytes > 0
     void *scale[2];              // flash states: (ceil(n / 32)) scales per state
 } bnb8_gpu_tensor;
 

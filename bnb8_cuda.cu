@@ -499,7 +499,7 @@ typedef struct {
     unsigned *tensor_max;        // (norm_capacity, 3) blocksize-0 tensors: max |fresh state|, as float bits
     unsigned long long *nonfinite;
     int sms;
-    int update_per_sm[3][2][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    int update_per_sm[3][3][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
 
 // The tensor among [from, end) that holds chunk: the last one whose first_chunk <= chunk, where
@@ -671,7 +671,7 @@ template <int KIND> __device__ bnb8_step_args bnb8_args_of(const bnb8_gpu_tensor
 // this chunk's loads are out (bnb8_prefetch).
 // PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
 // of each state into tmax; BNB8_PASS_STORE stores everything, the codes under tmax's absmax.
-template <int R, int KIND, bool FULL, int PASS>
+template <int R, int KIND, bool FULL, int PASS, bool MASTER>
 __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next, int zero_unsigned, int zero_signed,
                                   unsigned &bad, unsigned *tmax) {
     const bnb8_gpu_tensor &t = sm.t;
@@ -682,13 +682,17 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
     const int nstates = args.nstates, shift = sm.shift;
     // the passes see 8-bit tensors only
     const int eight_bit = PASS != BNB8_PASS_BLOCKS ? 1 : t.eight_bit;
+    // MASTER (a FLASH launch): bf16/fp16 weights may carry a correction or an fp32 master (cb)
+    const int cb = MASTER ? t.correction_bytes : 0;
+    const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype;
     float p[R][4], g[R][4], s[R][3][4] = {}, scale[S][R];
-    uint32_t c[S][R];
+    uint32_t c[S][R], bits[R][2] = {}, corr[R][2] = {};
     // Every load first.
     #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r);
-        bnb8_load4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
+        if (MASTER && cb) bnb8_masters_load4(t, pdt, cb, i, FULL ? INT64_MAX : n, vec, p[r], bits[r], corr[r]);
+        else bnb8_load4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
         bnb8_load4(t.grad, t.grad_dtype, i, FULL ? INT64_MAX : n, vec, g[r]);
     }
     #pragma unroll
@@ -713,6 +717,10 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
             for (int k = 0; k < S; k++) if (k < nstates) bnb8_prefetch((const char *)t.state[k] + i * ss);
         }
     }
+    if (MASTER && cb) {
+        #pragma unroll
+        for (int r = 0; r < R; r++) bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r]);
+    }
     if (eight_bit) {
         #pragma unroll
         for (int k = 0; k < S; k++) {
@@ -729,6 +737,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
     #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r);
+        uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
         #pragma unroll
         for (int j = 0; j < 4; j++) {
             bool inside = FULL || i + j < n, finite = bnb8_isfinite(g[r][j]);
@@ -737,11 +746,13 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
             float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
             bool take = inside && finite;
-            p[r][j] = take ? pn : p[r][j];
+            if (MASTER && cb) bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
+            else p[r][j] = take ? pn : p[r][j];
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
         }
-        if (PASS != BNB8_PASS_MAX) bnb8_store4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
+        if (PASS != BNB8_PASS_MAX && MASTER && cb) bnb8_masters_store4(t, pdt, cb, i, FULL ? INT64_MAX : n, vec, p[r], nb, nc);
+        else if (PASS != BNB8_PASS_MAX) bnb8_store4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
     }
     #pragma unroll
     for (int k = 0; k < S; k++) {
@@ -829,8 +840,59 @@ __device__ void bnb8_store_bits4(void *x, int64_t i, int64_t n, bool vec, const 
     for (int j = 0; j < 4; j++) if (i + j < n) h[i + j] = (uint16_t)(w[j / 2] >> (16 * (j & 1)));
 }
 
+// The weights of a row of 4 elements at i as masters (DESIGN.md §6.1): fp32 weights, or bf16/fp16
+// weights with an int8 / int16 correction (cb 1, 2; 0: none) or an fp32 master (cb 4). Loads first
+// (bits and corr keep what was read, for the elements a step leaves), the masters once they arrive
+// (bnb8_masters_decode4), then per element its new master, bits and correction (bnb8_master_update)
+// and the stores. The flash tables must be loaded (a FLASH launch).
+__device__ __forceinline__ void bnb8_masters_load4(const bnb8_gpu_tensor &t, bnb8_dtype pdt, int cb, int64_t i, int64_t lim,
+                                                   bool vec, float p[4], uint32_t bits[2], uint32_t corr[2]) {
+    if (pdt == BNB8_F32) { bnb8_load4(t.param, BNB8_F32, i, lim, vec, p); return; }
+    bnb8_load_bits4(t.param, i, lim, vec, bits);
+    if (cb == 4) bnb8_load4(t.correction, BNB8_F32, i, lim, vec, p);
+    if (cb == 1) corr[0] = bnb8_load_codes4((const uint8_t *)t.correction, i, lim, vec);
+    if (cb == 2) bnb8_load_bits4(t.correction, i, lim, vec, corr);
+}
+__device__ __forceinline__ void bnb8_masters_decode4(bnb8_dtype pdt, int cb, const uint32_t bits[2], const uint32_t corr[2],
+                                                     float p[4]) {
+    if (pdt == BNB8_F32 || cb == 4) return;
+    #pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint16_t h = (uint16_t)(bits[j / 2] >> (16 * (j & 1)));
+        int32_t q = cb == 1 ? (int32_t)(int8_t)(corr[0] >> (8 * j))
+                  : cb == 2 ? (int32_t)(int16_t)(corr[j / 2] >> (16 * (j & 1))) : 0;
+        float unit = cb == 1 ? bnb8_flash_tables.ecc8[(corr[0] >> (8 * j)) & 255u] : bnb8_ecc_unit(q, 32767);
+        p[j] = bnb8_ecc_value_unit(h, pdt, q, unit);   // q = 0 (no correction): the weight itself
+    }
+}
+// Element j after the step: the master p becomes pn where take; narrow weights get RNE(pn) and its
+// correction there, and keep their bits and correction elsewhere (a select, not a branch).
+__device__ __forceinline__ void bnb8_master_update(bnb8_dtype pdt, int cb, int j, bool take, float pn, float &p,
+                                                   uint32_t nb[2], uint32_t nc[2]) {
+    p = take ? pn : p;
+    if (pdt == BNB8_F32) return;
+    uint16_t h = bnb8_f32_to_narrow(pn, pdt);
+    int sh = 16 * (j & 1);
+    nb[j / 2] = take ? (nb[j / 2] & ~(0xffffu << sh)) | ((uint32_t)h << sh) : nb[j / 2];
+    if (cb == 1) {
+        uint32_t q = (uint32_t)(uint8_t)(int8_t)bnb8_ecc_code(pn, h, pdt, 127);
+        nc[0] = take ? (nc[0] & ~(255u << (8 * j))) | (q << (8 * j)) : nc[0];
+    } else if (cb == 2) {
+        uint32_t q = (uint32_t)(uint16_t)(int16_t)bnb8_ecc_code(pn, h, pdt, 32767);
+        nc[j / 2] = take ? (nc[j / 2] & ~(0xffffu << sh)) | (q << sh) : nc[j / 2];
+    }
+}
+__device__ __forceinline__ void bnb8_masters_store4(const bnb8_gpu_tensor &t, bnb8_dtype pdt, int cb, int64_t i, int64_t lim,
+                                                    bool vec, const float p[4], const uint32_t nb[2], const uint32_t nc[2]) {
+    if (pdt == BNB8_F32) { bnb8_store4(t.param, BNB8_F32, i, lim, vec, p); return; }
+    bnb8_store_bits4(t.param, i, lim, vec, nb);
+    if (cb == 4) bnb8_store4(t.correction, BNB8_F32, i, lim, vec, p);
+    if (cb == 1) bnb8_store_codes4((uint8_t *)t.correction, i, lim, vec, nc[0]);
+    if (cb == 2) bnb8_store_bits4(t.correction, i, lim, vec, nc);
+}
+
 // One chunk of a flash tensor, or of a 32-bit-state tensor whose bf16/fp16 weights carry a
-// correction, in the order bnb8.h gives for both back ends: the masters and the expanded states,
+// correction or an fp32 master, in the order bnb8.h gives for both back ends: the masters and the expanded states,
 // the update in float32, the new weights and corrections; then per flash state and group of 32
 // (8 lanes: a lane holds 4 consecutive elements of a row) the new absmax, its stored scale and the
 // codes against it. A non-finite gradient's element keeps its weight bits, correction and states.
@@ -855,6 +917,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
         int64_t i = base + bnb8_offset<R>(r);
         if (pdt == BNB8_F32) bnb8_load4(t.param, BNB8_F32, i, lim, vec, p[r]);
         else bnb8_load_bits4(t.param, i, lim, vec, bits[r]);
+        if (cb == 4) bnb8_load4(t.correction, BNB8_F32, i, lim, vec, p[r]);   // the fp32 master
         if (cb == 1) corr[r][0] = bnb8_load_codes4((const uint8_t *)t.correction, i, lim, vec);
         if (cb == 2) bnb8_load_bits4(t.correction, i, lim, vec, corr[r]);
         bnb8_load4(t.grad, gdt, i, lim, vec, g[r]);
@@ -875,7 +938,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
     for (int r = 0; r < R; r++) {
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            if (pdt == BNB8_F32) continue;
+            if (pdt == BNB8_F32 || cb == 4) continue;
             uint16_t h = (uint16_t)(bits[r][j / 2] >> (16 * (j & 1)));
             int32_t q = cb == 1 ? (int32_t)(int8_t)(corr[r][0] >> (8 * j))
                       : cb == 2 ? (int32_t)(int16_t)(corr[r][j / 2] >> (16 * (j & 1))) : 0;
@@ -912,7 +975,8 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
             float pn = bnb8_apply(&args, p[r][j], u, trust);
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sk[k] : s[r][k][j];
-            if (pdt == BNB8_F32) { p[r][j] = take ? pn : p[r][j]; continue; }
+            if (pdt == BNB8_F32 || cb == 4) p[r][j] = take ? pn : p[r][j];
+            if (pdt == BNB8_F32) continue;
             // The new bits and correction are computed for every element and kept where take
             // (else the weight's bits and correction stay): a select, not a branch per element.
             uint16_t h = bnb8_f32_to_narrow(pn, pdt);
@@ -930,6 +994,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
         else bnb8_store_bits4(t.param, i, lim, vec, nb);
         if (cb == 1) bnb8_store_codes4((uint8_t *)t.correction, i, lim, vec, nc[0]);
         if (cb == 2) bnb8_store_bits4(t.correction, i, lim, vec, nc);
+        if (cb == 4) bnb8_store4(t.correction, BNB8_F32, i, lim, vec, p[r]);
     }
     // The states: 32-bit stored as they are; flash requantized per group of 32.
     #pragma unroll
@@ -1149,10 +1214,12 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
 
 // KIND: every tensor of an optimizer has its kind, so the kernel is compiled per kind and the
 // shared math's switch folds away.
-// FLASH: the launch holds flash tensors or corrected weights (only the kinds with a flash form).
+// FLASH: 1 when the launch holds flash tensors or corrected weights (only the kinds with a flash
+// form), 2 when some of those are 8-bit states with corrected weights: their chunks then carry the
+// masters (bnb8_update_chunk's MASTER), which costs the other paths registers where it is compiled.
 // PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
 // passes the blocksize-0 ones after them (tensor_max: their maxima, 3 per tensor).
-template <int R, int KIND, bool FLASH, int PASS>
+template <int R, int KIND, int FLASH, int PASS>
 __global__ void __launch_bounds__(BNB8_THREADS, R == 2 ? 3 : 2)
 bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const double *norms,
                    unsigned long long *nonfinite, unsigned *tensor_max) {
@@ -1232,7 +1299,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             run_end = run_end < end ? run_end : end;
             run_end = run_end < next_tensor_chunk ? run_end : next_tensor_chunk;
             if constexpr (FLASH) {
-                if (sm.t.format == BNB8_STATE_FLASH || sm.t.correction_bytes) {
+                if (sm.t.format == BNB8_STATE_FLASH || (sm.t.correction_bytes && !sm.t.eight_bit)) {
                     if (full && sm.def) {
                         for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
                             bnb8_flash_chunk_fast<R, KIND>(sm, base, chunk + 1 < run_end, bad);
@@ -1246,11 +1313,11 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
             if (full && RUN) {
                 for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                    bnb8_update_chunk<R, KIND, true, PASS>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
+                    bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
                 chunk--;
             }
-            else if (full) bnb8_update_chunk<R, KIND, true, PASS>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
-            else bnb8_update_chunk<R, KIND, false, PASS>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+            else if (full) bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+            else bnb8_update_chunk<R, KIND, false, PASS, FLASH == 2>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
         }
     }
     for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
@@ -1320,7 +1387,7 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
 
 // Launches the update kernel of kind KIND over its chunks with one wave of blocks (each block
 // copies its codebooks once, then takes chunks until none is left).
-template <int KIND, bool FLASH, int PASS>
+template <int KIND, int FLASH, int PASS>
 static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, bnb8_step_header *dh,
                               const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     const int smem = (int)sizeof(bnb8_update_smem);
@@ -1334,18 +1401,21 @@ static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, bn
     return bnb8_cuda_status("bnb8_optimizer_step", cudaGetLastError());
 }
 
-// The launch of KIND, with the flash tables when the launch has flash tensors (flash states and
-// corrected weights exist for AdamW, Adam, SGD and Lion only, and are never blocksize 0).
+// The launch of KIND, with the flash tables when the launch has flash tensors or corrections (flash
+// states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only, and are never
+// blocksize 0). flash: the FLASH mode above.
 template <int KIND, int PASS>
-static int bnb8_launch_kind(bnb8_cuda_context *c, bool flash, int rows, int64_t chunks,
+static int bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
                             bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
-    if constexpr (PASS == BNB8_PASS_BLOCKS && (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION))
-        if (flash) return bnb8_launch_update<KIND, true, PASS>(c, rows, chunks, dh, dt, stream);
-    return bnb8_launch_update<KIND, false, PASS>(c, rows, chunks, dh, dt, stream);
+    if constexpr (PASS == BNB8_PASS_BLOCKS && (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION)) {
+        if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
+        if (flash == 1) return bnb8_launch_update<KIND, 1, PASS>(c, rows, chunks, dh, dt, stream);
+    }
+    return bnb8_launch_update<KIND, 0, PASS>(c, rows, chunks, dh, dt, stream);
 }
 
 template <int PASS>
-static int bnb8_launch_pass(bnb8_cuda_context *c, int kind, bool flash, int rows, int64_t chunks,
+static int bnb8_launch_pass(bnb8_cuda_context *c, int kind, int flash, int rows, int64_t chunks,
                             bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     switch (kind) {
     case BNB8_ADAMW: return bnb8_launch_kind<BNB8_ADAMW, PASS>(c, flash, rows, chunks, dh, dt, stream);
@@ -1393,7 +1463,8 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     int rows = 2, need_percentile = 0, need_trust = 0, flash = 0;
     for (int i = 0; i < count; i++) {
         if (tensors[i].eight_bit && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
-        flash |= tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes;
+        if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
+        if (tensors[i].eight_bit && tensors[i].correction_bytes) flash = 2;
         need_percentile |= tensors[i].percentile < 100;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
     }
@@ -1437,8 +1508,8 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     if (!status && blocked < count) {
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,
                                                       sizeof(unsigned) * 3 * (size_t)(count - blocked), stream));
-        if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, false, rows, chunks - blocked_chunks, dh, dt, stream);
-        if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, false, rows, chunks - blocked_chunks, dh, dt, stream);
+        if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, 0, rows, chunks - blocked_chunks, dh, dt, stream);
+        if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, 0, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) {
             bnb8_absmax_kernel<<<(count - blocked + 127) / 128, 128, 0, stream>>>(dt, blocked, count, c->tensor_max);
             status = bnb8_cuda_status(fn, cudaGetLastError());

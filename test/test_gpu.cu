@@ -364,6 +364,42 @@ static void test_flash_parity(void) {
     EXPECT(worst == 0.0 && equal, "AdamW flash, tiny weights: params differ by %g rel, states or exports %s", worst, equal ? "equal" : "differ");
 }
 
+// Master weights whatever the state format (DESIGN.md §6.1): 8-bit block-wise and flash states (and
+// "t3"'s 32-bit ones, which keep the configured master) on bf16 / f16 weights with an int8 or int16
+// correction or an fp32 master, 100 steps: GPU equals CPU bit for bit (weights, masters, states). AdamW
+// in every combination; Adam, SGD and Lion with int8 and fp32 masters; 8-bit blocks of 4096 (chunks of
+// 4 rows) with both.
+static void test_master_parity(void) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
+    typedef struct { bnb8_optim kind; bnb8_state_format format; bnb8_dtype pdtype; int correction; int64_t blocksize; } master_case;
+    std::vector<master_case> cases;
+    const bnb8_state_format formats[2] = {BNB8_STATE_8BIT, BNB8_STATE_FLASH};
+    const bnb8_optim kinds[4] = {BNB8_ADAMW, BNB8_ADAM, BNB8_SGD, BNB8_LION};
+    for (int f = 0; f < 2; f++) {
+        for (int d = 0; d < 2; d++)
+            for (int cb : {1, 2, 4}) cases.push_back({BNB8_ADAMW, formats[f], d ? BNB8_F16 : BNB8_BF16, cb, 256});
+        for (int k = 1; k < 4; k++)
+            for (int cb : {1, 4}) cases.push_back({kinds[k], formats[f], BNB8_BF16, cb, 256});
+    }
+    for (int cb : {1, 4}) cases.push_back({BNB8_ADAMW, BNB8_STATE_8BIT, BNB8_BF16, cb, 4096});
+    const char *master_names[5] = {"none", "int8", "int16", "?", "fp32"};
+    for (const master_case &c : cases) {
+        bnb8_config cfg = bnb8_config_default(c.kind);
+        cfg.format = c.format;
+        cfg.min_8bit_size = 0;
+        cfg.weight_decay = 0.01f;
+        cfg.correction_bytes = c.correction;
+        cfg.blocksize = c.blocksize;
+        int equal = 0;
+        double worst = optimizer_parity(c.kind, cfg, c.pdtype, BNB8_BF16, sizes, steps(100), &equal, "t3");
+        const char *fmt = c.format == BNB8_STATE_FLASH ? "flash" : c.blocksize == 4096 ? "8-bit 4096" : "8-bit";
+        printf("    %-6s %-10s p %-4s master %-5s: %s\n", optimizer_names[c.kind], fmt, dtype_name(c.pdtype),
+               master_names[c.correction], worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "%s %s p %s master %s: params differ by %g rel, states or exports %s",
+               optimizer_names[c.kind], fmt, dtype_name(c.pdtype), master_names[c.correction], worst, equal ? "equal" : "differ");
+    }
+}
+
 // The approximation the fast flash path may use (bnb8.h: bnb8_rcp_approx within 1 ulp of the
 // correctly rounded value), measured on every float of [1, 4): the hardware scales the exponent,
 // so these binades stand for the normal range.
@@ -520,6 +556,7 @@ int main(void) {
     test_run("optimizers: 100 steps, GPU equals CPU for every optimizer x format x dtype", test_optimizer_parity);
     test_run("flash: the fast path's approximate reciprocal is within its bound", test_fast_approximations);
     test_run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
+    test_run("master weights: 100 steps, GPU equals CPU for 8-bit and flash states x int8, int16, fp32 masters", test_master_parity);
     test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     return test_summary();
