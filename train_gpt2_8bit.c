@@ -1,8 +1,9 @@
 /*
-train_gpt2_8bit.c — trains GPT-2 with bnb8's optimizers: fp32 states (the 16-byte baseline), 8-bit
-block-wise states (Dettmers et al.) or FlashOptim's flash recipe; AdamW, Lion or SGD with momentum;
-on the CPU (gpt2_cpu.c) or on the GPU (gpt2_cuda.cu, in the -DTRAIN_CUDA build), with gradient
-release for flash there.
+train_gpt2_8bit.c — trains GPT-2 with bnb8's optimizers: 32-bit states with an fp32 master (llm.c's
+16-byte layout), 8-bit block-wise states (Dettmers et al.) with an fp32 master or an int8 correction,
+or FlashOptim's flash recipe; AdamW, Lion or SGD with momentum; on the CPU (gpt2_cpu.c) or on the
+GPU (gpt2_cuda.cu, in the -DTRAIN_CUDA build: the bf16 model, or the fp32 one for parity), with
+gradient release there.
 
 One file read top to bottom, in the spirit of llm.c's train_gpt2.c:
   - recipes and optimizers: tables of rows that drive both devices;
@@ -51,17 +52,18 @@ static double now_seconds(void) {
 // ------------------------------------------------------------------------------------------------
 // Recipes and optimizers
 
-// `flash` (FlashOptim, DESIGN.md §6): bf16 weights with the optimizer's int8 correction each
-// (together a near-fp32 master), bf16 gradients, companded 8-bit states with a bf16 scale per 32.
-// Tensors under min_8bit_size (biases, layernorms of small models) and StableEmbedding's wte keep
-// 32-bit states, and their correction.
+// On the GPU every recipe is a bf16 mixed-precision run (DESIGN.md §8.7): bf16 weights and gradients,
+// with an fp32 master the optimizer owns and rounds into the weights, or an int8 correction each (a
+// near-fp32 master, §6.1). Tensors under min_8bit_size and StableEmbedding's wte keep 32-bit states and
+// their master. A row's index is the trainer state file's: new rows go last.
 const Recipe recipes[] = {
-    {"fp32", BNB8_STATE_32BIT, BNB8_F32, BNB8_F32, 0, "fp32 weights and gradients, 32-bit optimizer states"},
-    {"8bit", BNB8_STATE_8BIT, BNB8_F32, BNB8_F32, 0, "fp32 weights and gradients, 8-bit block-wise states"},
-    {"flash", BNB8_STATE_FLASH, BNB8_BF16, BNB8_BF16, 1,
-     "bf16 weights + int8 error correction, companded 8-bit states, bf16 gradients"},
+    {"fp32", BNB8_STATE_32BIT, BNB8_BF16, BNB8_BF16, 4, "32-bit states, fp32 master (llm.c's layout)"},
+    {"8bit", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 4, "8-bit block-wise states, fp32 master (bitsandbytes)"},
+    {"flash", BNB8_STATE_FLASH, BNB8_BF16, BNB8_BF16, 1, "companded 8-bit states, int8 correction (FlashOptim)"},
+    {"8bit-int8", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 1, "8-bit block-wise states, int8 correction"},
 };
 const int num_recipes = (int)(sizeof recipes / sizeof recipes[0]);
+#define RECIPE_NAMES "fp32, 8bit, 8bit-int8, flash"
 
 const OptimizerChoice optimizers[] = {
     {"adamw", BNB8_ADAMW, 3e-3f, 0.1f},
@@ -77,6 +79,20 @@ int find_recipe(const char *name) {
 int find_optimizer(const char *name) {
     for (int i = 0; i < num_optimizers; i++) if (strcmp(optimizers[i].name, name) == 0) return i;
     return -1;
+}
+
+// What a run keeps, from the recipe, the device and -P (the one place they meet): the GPU's bf16
+// model the recipe's row; the fp32 parity model (-P fp32, either device) fp32 weights and gradients,
+// no master; the CPU fp32 weights where the master is fp32 (they are one: the same trajectory), else the row.
+static Layout run_layout(const Recipe *r, int on_gpu, int parity) {
+    Layout l = {r->weights, r->grads, r->correction_bytes};
+    if (parity || (!on_gpu && r->correction_bytes == 4)) { l.weights = l.grads = BNB8_F32; l.correction_bytes = 0; }
+    return l;
+}
+static const char *dtype_name(bnb8_dtype d) { return d == BNB8_F32 ? "fp32" : d == BNB8_BF16 ? "bf16" : "fp16"; }
+static const char *master_name(const Layout *l) {
+    return l->correction_bytes == 4 ? "+ an fp32 master" : l->correction_bytes == 1 ? "+ an int8 correction"
+         : l->weights == BNB8_F32 ? "(their own master)" : "(no master)";
 }
 
 // The optimizer's tensors, registered in parameter order. Under gradient release each per-layer
@@ -98,22 +114,23 @@ static int64_t param_offset(const GPT2 *m, int i) {
     return off;
 }
 
-// Registers every parameter tensor where t->param and t->grad say, in the recipe's dtypes, and
-// sets the weights (bf16 + correction for bf16 recipes) from the fp32 weights of t->model. Biases
-// and layernorm parameters get weight decay 0 (per-name overrides); with StableEmbedding wte keeps
+// Registers every parameter tensor where t->param and t->grad say, in the run's dtypes, and sets
+// the weights (bf16 + master for bf16 weights) from the fp32 weights of t->model. Biases and
+// layernorm parameters get weight decay 0 (per-name overrides); with StableEmbedding wte keeps
 // 32-bit states, as bitsandbytes' StableEmbedding asks; a release slice takes its whole tensor's
 // state format.
 static int optimizer_build(Trainer *t) {
     const GPT2 *m = &t->model;
     const Recipe *r = t->recipe;
+    const Layout *lay = &t->lay;
     bnb8_config cfg = bnb8_config_default(t->oc->kind);
     cfg.lr = t->lr;
     cfg.weight_decay = t->wd;
     cfg.format = r->states;
     if (r->states == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = t->a.blocksize; }
-    if (r->weights != BNB8_F32) cfg.correction_bytes = r->correction_bytes;
+    cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
     if (t->oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
-    size_t es = bnb8_dtype_size(r->weights);
+    size_t es = bnb8_dtype_size(lay->weights);
     if (bnb8_optimizer_create(&t->opt, t->oc->kind, &cfg)) return train_fail("optimizer: %s", bnb8_last_error());
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         t->state_bytes[i] = 0.0;
@@ -127,8 +144,7 @@ static int optimizer_build(Trainer *t) {
             if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1) {
                 bnb8_config o = cfg;
                 if (!gpt2_param_is_matrix[i]) o.weight_decay = 0.0f;
-                if (stable_wte && r->states == BNB8_STATE_FLASH) o.min_8bit_size = INT64_MAX;   // 32-bit states, corrected weights
-                else if (stable_wte) o.format = BNB8_STATE_32BIT;
+                if (stable_wte) o.format = BNB8_STATE_32BIT;   // the master stays: cfg names it
                 if (slices > 1) o.min_8bit_size = m->param_sizes[i] >= cfg.min_8bit_size ? 0 : INT64_MAX;
                 if (bnb8_optimizer_override(t->opt, name, &o)) return train_fail("optimizer: %s", bnb8_last_error());
             }
@@ -136,10 +152,10 @@ static int optimizer_build(Trainer *t) {
             int id = -1;
             char *param = (char *)t->param[i] + es * (size_t)(l * n);
             // a tensor's gradients; under release, the one slice every layer's gradients pass through
-            if (bnb8_optimizer_add(t->opt, name, param, r->weights, t->grad[i], r->grads, n, &id))
+            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, t->grad[i], lay->grads, n, &id))
                 return train_fail("optimizer: %s", bnb8_last_error());
-            // bf16 weights: bf16 + correction of the fp32 weights (fp32 ones already are the weights)
-            if (r->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n))
+            // bf16 weights: bf16 + master of the fp32 weights (fp32 ones already are the weights)
+            if (lay->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n))
                 return train_fail("optimizer: %s", bnb8_last_error());
             t->state_bytes[i] += bnb8_optimizer_memory(t->opt, 0).states - before;
         }
@@ -147,7 +163,7 @@ static int optimizer_build(Trainer *t) {
     return 0;
 }
 
-// The fp32 masters of every tensor (weight + correction, decoded; or the weights) into out (host).
+// The fp32 masters of every tensor (bf16 weight + correction decoded, the fp32 master, or the weights).
 static int export_masters(const Trainer *t, float *out) {
     const GPT2 *m = &t->model;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
@@ -216,13 +232,16 @@ void usage(FILE *f) {
         "  -e <model>  descriptor dL[cC][hH][vV][tT] (d12 = GPT-2 124M, d4c128h4, ...) or an llm.c\n"
         "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
         "  -o <dir>    output directory for checkpoints (default none)\n"
-        "  -r <name>   recipe: fp32 | 8bit | flash (bf16 weights + int8 correction, 8-bit states)  (default %s)\n"
+        "  -r <name>   recipe, states + master: fp32 (32-bit + fp32) | 8bit (8-bit block-wise + fp32) |\n"
+        "              8bit-int8 (8-bit block-wise + int8 correction) | flash (companded 8-bit + int8)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
-        "  -M <name>   8bit: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
-        "  -K <int>    8bit: block size, a power of two 64..4096, or 0 = one absmax per tensor (ablation)\n"
+        "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
+        "  -K <int>    8bit, 8bit-int8: block size, a power of two 64..4096, or 0 = one absmax per tensor (ablation)\n"
         "              (default %lld)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
-        "  -R <0|1>    gradient release (GPU, flash, -g 0): each layer is stepped inside backward, as soon\n"
+        "  -P <name>   model: bf16 (the GPU's bf16 model, every recipe) | fp32 (the fp32 parity model: fp32\n"
+        "              weights and gradients, no master; the CPU computes in fp32 either way)  (default bf16)\n"
+        "  -R <0|1>    gradient release (GPU, -g 0): each layer is stepped inside backward, as soon\n"
         "              as its gradients are final, and no full gradient buffer exists (default 0)\n"
         "  -C <0|1>    GPU: activation recomputation, each layer's activations recomputed in backward from its\n"
         "              input (a fraction of the memory, one more forward) (default 0)\n"
@@ -247,8 +266,8 @@ void usage(FILE *f) {
         "  -x <int>    stop after this step, checkpointing it; the schedule still spans -n (default off)\n"
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
         "  -h          this text\n"
-        "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release for flash\n"
-        "only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
+        "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release by default for\n"
+        "flash only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
@@ -284,7 +303,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKDRCwbtnAluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -296,13 +315,16 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'z': a->tokenizer_path = v; break;
         case 'e': a->model = v; break;
         case 'o': a->out_dir = v; break;
-        case 'r': a->recipe = v; if (find_recipe(v) < 0) st = train_fail("-r: unknown recipe '%s' (fp32, 8bit, flash)", v); break;
+        case 'r': a->recipe = v; if (find_recipe(v) < 0) st = train_fail("-r: unknown recipe '%s' (%s)", v, RECIPE_NAMES); break;
         case 'p': a->optimizer = v; if (find_optimizer(v) < 0) st = train_fail("-p: unknown optimizer '%s' (adamw, lion, sgd)", v); break;
         case 'D':
             if (strcmp(v, "auto") == 0) a->device = 0;
             else if (strcmp(v, "cpu") == 0) a->device = 1;
             else if (strcmp(v, "gpu") == 0) a->device = 2;
             else st = train_fail("-D: unknown device '%s' (auto, cpu, gpu)", v);
+            break;
+        case 'P': a->parity = strcmp(v, "fp32") == 0;
+            if (!a->parity && strcmp(v, "bf16") != 0) st = train_fail("-P: unknown model '%s' (bf16, fp32)", v);
             break;
         case 'R': st = parse_int(f, v, 0, 1, &n); a->release = (int)n; break;
         case 'C': st = parse_int(f, v, 0, 1, &n); a->recompute = (int)n; break;
@@ -358,7 +380,7 @@ int state_writer(FILE *f, const void *state) {
     const TrainerState *s = (const TrainerState *)state;
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
                               s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps, s->release,
-                              s->accum};
+                              s->accum, s->weight_bytes};
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
@@ -377,9 +399,10 @@ int state_load(TrainerState *s, const char *path) {
     if (status) return status;
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
-    s->accum = w[13] == 0 ? 1 : w[13];
+    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14];
     if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= num_recipes ||
-        s->optimizer < 0 || s->optimizer >= num_optimizers || (s->release != 0 && s->release != 1) || s->accum < 1)
+        s->optimizer < 0 || s->optimizer >= num_optimizers || (s->release != 0 && s->release != 1) || s->accum < 1 ||
+        (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4))
         return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
                           (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
     return 0;
@@ -436,7 +459,6 @@ static int ensure_dir(const char *dir) {
     return 0;
 }
 
-
 static void print_bytes(double b) {
     if (b >= 1e9) printf("%9.2f GB", b / 1e9);
     else if (b >= 1e6) printf("%9.2f MB", b / 1e6);
@@ -449,8 +471,8 @@ static void print_bytes(double b) {
 // train_gpt2_8bit.h) with a row for each. The rest of the trainer calls t->dev and nothing else.
 
 // The CPU row. gpt2_cpu.c's model computes in fp32; the gradients are the trainer's. For bf16
-// weights (flash) the optimizer's weights and gradients are bf16 copies: the model's fp32 weights
-// are those widened (exact), and the backward's fp32 gradients are rounded to bf16 for the step.
+// weights (8bit-int8, flash) the optimizer's weights and gradients are bf16 copies: the model's fp32
+// weights are those widened (exact), and the backward's fp32 gradients are rounded to bf16 for the step.
 
 static void cpu_widen_weights(Trainer *t) {
     float *w = t->model.params_memory;
@@ -468,13 +490,13 @@ static void cpu_round_grads(Trainer *t) {
 static int cpu_open(Trainer *t) {
     GPT2 *m = &t->model;
     int64_t n = m->num_parameters;
-    int bf16 = t->recipe->weights == BNB8_BF16;
+    int bf16 = t->lay.weights == BNB8_BF16;
 #ifdef _OPENMP
     int threads = omp_get_max_threads();
 #else
     int threads = 1;
 #endif
-    snprintf(t->where, sizeof t->where, "CPU, %d OpenMP threads", threads);
+    snprintf(t->where, sizeof t->where, "CPU, %d OpenMP threads (fp32 model)", threads);
     if (gpt2_alloc_acts(m, t->a.B, t->a.T)) return -1;
     t->grads = (float *)calloc((size_t)n, sizeof(float));
     if (!t->grads) return train_fail("out of memory for the gradients of %lld parameters", (long long)n);
@@ -528,7 +550,7 @@ static int cpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     *norm = cpu_grad_norm(t->grads, t->model.num_parameters) / (double)t->a.accum;
     *skipped = !isfinite(*norm);
     if (*skipped) return 0;
-    int bf16 = t->recipe->weights == BNB8_BF16;
+    int bf16 = t->lay.weights == BNB8_BF16;
     if (bf16) cpu_round_grads(t);   // the norm is the fp32 gradients'
     if (bnb8_optimizer_step(t->opt, lr, step_scale(*norm, t->a.grad_clip, t->a.accum), NULL))
         return train_fail("optimizer step: %s", bnb8_last_error());
@@ -551,7 +573,7 @@ static int cpu_logits(Trainer *t, const int *tokens, int64_t n, float **logits) 
 // fp32 weights are their own masters; bf16 ones are decoded into the gradient buffer, free between
 // steps.
 static int cpu_masters(Trainer *t, float **out) {
-    if (t->recipe->weights == BNB8_F32) { *out = t->model.params_memory; return 0; }
+    if (t->lay.weights == BNB8_F32) { *out = t->model.params_memory; return 0; }
     *out = t->grads;
     return export_masters(t, t->grads);
 }
@@ -611,8 +633,9 @@ int gpu_available(void) {
     return gpu_linked() && gpt2_cuda_device(NULL, 0, NULL, NULL) == 0;
 }
 
-// The model on the GPU from the host model's fp32 weights: bf16 for bf16 recipes (bf16 gradients,
-// so flash holds 2 + 1 + 2 + 2.125 bytes per parameter), fp32 otherwise (fp32 gradients).
+// The model on the GPU from the host model's fp32 weights: the bf16 model (bf16 weights and
+// gradients: flash holds 2 + 1 + 2 + 2.125 bytes per parameter, fp32 2 + 4 + 2 + 8), or the fp32
+// parity model (-P fp32: fp32 weights and gradients, no master).
 static int gpu_open(Trainer *t) {
     Gpu *g = &t->gpu;
     GPT2 *m = &t->model;
@@ -621,8 +644,8 @@ static int gpu_open(Trainer *t) {
     if (gpt2_cuda_device(g->name, sizeof g->name, &free_bytes, &g->total_bytes))
         return train_fail("GPU: %s", gpt2_cuda_last_error());
     g->used_before = g->used_peak = g->total_bytes - free_bytes;
-    int bf16 = t->recipe->weights == BNB8_BF16;
-    snprintf(t->where, sizeof t->where, "GPU %s (%s model)", g->name, bf16 ? "bf16" : "fp32");
+    int bf16 = t->lay.weights == BNB8_BF16;
+    snprintf(t->where, sizeof t->where, "GPU %s (%s model)", g->name, bf16 ? "bf16" : "fp32 parity");
     const GPT2Config *c = &m->config;
     GPT2CudaConfig gc = {c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads,
                          c->channels, c->stable_embedding, t->a.recompute};
@@ -709,10 +732,10 @@ static int gpu_logits(Trainer *t, const int *tokens, int64_t n, float **logits) 
     return 0;
 }
 
-// Into the host copy of the weights: bf16 ones decoded with their correction, fp32 ones copied.
+// Into the host copy of the weights: bf16 ones' masters (decoded, or the fp32 master), fp32 ones copied.
 static int gpu_masters(Trainer *t, float **out) {
     *out = t->model.params_memory;
-    if (t->recipe->weights != BNB8_F32) return export_masters(t, t->model.params_memory);
+    if (t->lay.weights != BNB8_F32) return export_masters(t, t->model.params_memory);
     if (gpt2_cuda_get_params(t->gpu.model, t->model.params_memory)) return train_fail("GPU weights: %s", gpt2_cuda_last_error());
     return 0;
 }
@@ -727,7 +750,7 @@ static double gpu_print_activations(Trainer *t) {
     return (double)gpt2_cuda_act_bytes(t->gpu.model);
 }
 
-// Computed: weights, correction, gradients (or the release scratch), optimizer states, activations
+// Computed: weights, master, gradients (or the release scratch), optimizer states, activations
 // (with every scratch buffer and cuBLASLt's workspace); measured: cudaMemGetInfo's most in use
 // after a step, less what was in use before the run.
 static int gpu_device_memory(Trainer *t, double *computed, double *measured) {
@@ -758,12 +781,13 @@ static const Device devices[2] = {
 static int check_settings(Trainer *t) {
     const TrainArgs *a = &t->a;
     int ri = find_recipe(a->recipe), oi = find_optimizer(a->optimizer);
-    if (ri < 0) return train_fail("unknown recipe '%s' (fp32, 8bit, flash)", a->recipe);
+    if (ri < 0) return train_fail("unknown recipe '%s' (%s)", a->recipe, RECIPE_NAMES);
     if (oi < 0) return train_fail("unknown optimizer '%s' (adamw, lion, sgd)", a->optimizer);
     if (a->B < 1 || a->T < 1 || a->steps < 1 || a->accum < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
         !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
-        a->release < 0 || a->release > 1 || a->recompute < 0 || a->recompute > 1 || a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0)
+        a->release < 0 || a->release > 1 || a->recompute < 0 || a->recompute > 1 || a->parity < 0 || a->parity > 1 ||
+        a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0)
         return train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
     if ((a->resume || a->ckpt_every) && !a->out_dir[0]) return train_fail("checkpoints and resume need an output directory (-o)");
     t->recipe = &recipes[ri];
@@ -772,13 +796,15 @@ static int check_settings(Trainer *t) {
     t->wd = a->weight_decay >= 0.0f ? a->weight_decay : t->oc->weight_decay;
     t->dev = &devices[a->device == 2 || (a->device == 0 && gpu_available()) ? DEVICE_GPU : DEVICE_CPU];
     int on_gpu = t->dev == &devices[DEVICE_GPU];
-    if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && strcmp(a->recipe, "8bit") != 0)
-        return train_fail("-M and -K set the 8-bit states' map and block size: they need -r 8bit");
+    t->lay = run_layout(t->recipe, on_gpu, a->parity);
+    if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && t->recipe->states != BNB8_STATE_8BIT)
+        return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit or 8bit-int8");
+    if (on_gpu && t->lay.correction_bytes && t->recipe->states == BNB8_STATE_8BIT && a->blocksize == 0)
+        return train_fail("-K 0 (one absmax per tensor) is not carried with master weights on the GPU yet: add -P fp32");
     if (a->recompute && !on_gpu)
         return train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
     if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
         const char *why = !on_gpu ? "runs on the GPU only (-D 2)"
-                        : t->recipe->states != BNB8_STATE_FLASH ? "is for the flash recipe (-r flash)"
                         : a->grad_clip > 0.0f ? "steps each layer inside backward, before a global gradient norm "
                                                 "exists: turn clipping off (-g 0)"
                         : a->accum > 1 ? "steps each layer inside backward, so gradients cannot accumulate over "
@@ -804,6 +830,11 @@ static int resume_state(Trainer *t) {
                           (long long)st->step, (long long)st->B, (long long)st->T, (long long)st->accum,
                           recipes[st->recipe].name, optimizers[st->optimizer].name, (long long)st->release, (long long)a->B,
                           (long long)a->T, (long long)a->accum, t->recipe->name, t->oc->name, a->release);
+    // the optimizer file holds the weights as the run kept them (before P10: fp32 for fp32 and 8bit)
+    int64_t wb = st->weight_bytes ? st->weight_bytes : recipes[st->recipe].correction_bytes == 4 ? 4 : 2;
+    if (wb != (int64_t)bnb8_dtype_size(t->lay.weights))
+        return train_fail("%s: the checkpoint keeps %s weights, this run %s ones: resume it on the model it was made "
+                          "with (-D, -P)", path, wb == 4 ? "fp32" : "bf16", dtype_name(t->lay.weights));
     checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
     return gpt2_load(&t->model, t->model_path);
 }
@@ -951,15 +982,14 @@ static void print_sample(Trainer *t) {
 static void print_memory(Trainer *t) {
     const GPT2 *m = &t->model;
     const Recipe *r = t->recipe;
+    const Layout *l = &t->lay;
     int release = t->a.release, working = t->weights16 != NULL;   // working: the CPU's fp32 copies of bf16 weights
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, !release);
-    double es = (double)bnb8_dtype_size(r->weights), gs = (double)bnb8_dtype_size(r->grads);
-    double cs = r->weights == BNB8_F32 ? 0.0 : (double)r->correction_bytes;
+    double es = (double)bnb8_dtype_size(l->weights), gs = (double)bnb8_dtype_size(l->grads), cs = l->correction_bytes;
     if (t->gpu.model) printf("memory: every buffer on the GPU (%s, %.1f GB)\n", t->gpu.name, (double)t->gpu.total_bytes / 1e9);
-    printf("memory: %s; optimizer states as the library holds them%s\n",
-           r->weights == BNB8_F32 ? "weights and gradients fp32" : "weights bf16 + int8 correction, gradients bf16",
-           release ? "; gradient release: one layer's gradient slices, reused" : "");
-    printf("  %-10s %-11s %13s %12s %12s %12s %12s %s\n", "parameter", "shape", "elements", "weights", "correction",
+    printf("memory: %s weights %s, %s gradients; optimizer states as the library holds them%s\n", dtype_name(l->weights),
+           master_name(l), dtype_name(l->grads), release ? "; gradient release: one layer's gradient slices, reused" : "");
+    printf("  %-10s %-11s %13s %12s %12s %12s %12s %s\n", "parameter", "shape", "elements", "weights", "master",
            "gradients", "opt. state", " state B/elem");
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         if (!m->param_sizes[i]) continue;
@@ -983,7 +1013,7 @@ static void print_memory(Trainer *t) {
     print_bytes(acts);
     printf("\n  persistent bytes per parameter (recipe %s%s, from bnb8_optimizer_memory):\n", r->name,
            release ? " + gradient release" : "");
-    printf("    weights %.3f + master correction %.3f + gradients %.3f + optimizer state %.3f = %.3f\n",
+    printf("    weights %.3f + master %.3f + gradients %.3f + optimizer state %.3f = %.3f\n",
            mem.weights / P, mem.correction / P, mem.gradients / P, mem.states / P,
            (mem.weights + mem.correction + mem.gradients + mem.states) / P);
     if (release)
@@ -993,7 +1023,7 @@ static void print_memory(Trainer *t) {
     printf("    activations: %.3f bytes per parameter at this batch size\n", acts / P);
     double computed, measured;
     if (t->dev->device_memory(t, &computed, &measured)) {
-        printf("  device memory: computed (weights + correction + gradients + states + activations) ");
+        printf("  device memory: computed (weights + master + gradients + states + activations) ");
         print_bytes(computed);
         printf("\n                 measured (cudaMemGetInfo, most in use after a step, minus before the run) ");
         print_bytes(measured);
@@ -1062,7 +1092,8 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
 static int save_checkpoint(Trainer *t, int64_t s) {
     const TrainArgs *a = &t->a;
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
-                         t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum};
+                         t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
+                         (int64_t)bnb8_dtype_size(t->lay.weights)};
     float *masters;
     if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, &t->model.config, masters, t->opt, &save)) return -1;
     if (a->verbose) printf("step %5lld | checkpoint in %s\n", (long long)s, a->out_dir);

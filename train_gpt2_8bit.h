@@ -17,15 +17,17 @@ reach its parts without compiling its source into theirs.
 extern "C" {
 #endif
 
-// A recipe: the formats a run keeps its weights, gradients and optimizer states in. Both devices
-// read it: the GPU runs its bf16 model for bf16 weights, its fp32 (parity) model for fp32 ones;
-// the CPU computes in fp32 and keeps bf16 weights and gradients as the optimizer's (widened before
-// the forward, rounded to nearest even after the backward).
+// A recipe: the optimizer states and the master weights, in the layout of the GPU's bf16 model
+// (bf16 weights, activations and gradients). run_layout (train_gpt2_8bit.c) gives what a run keeps
+// on its device: the fp32 parity model (-P fp32) has fp32 weights and gradients and no master; the
+// CPU computes in fp32, keeps fp32 weights where the master is fp32 (they are one), and otherwise
+// the optimizer's bf16 weights and gradients (widened before the forward, rounded to nearest even
+// after the backward).
 typedef struct {
     const char *name;
     bnb8_state_format states;
     bnb8_dtype weights, grads;   // the persistent weights, the gradients the optimizer reads
-    int correction_bytes;        // bf16 weights: the optimizer's correction (1 = int8), a near-fp32 master
+    int correction_bytes;        // the master of bf16 weights: 4 an fp32 master, 1 an int8 correction
     const char *about;
 } Recipe;
 extern const Recipe recipes[];
@@ -59,7 +61,8 @@ typedef struct {
     int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
     int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
     int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
-    int release;              // gradient release (GPU, flash): step each layer inside backward
+    int parity;               // 1: the fp32 parity model (-P fp32): fp32 weights and gradients, no master
+    int release;              // gradient release (GPU): step each layer inside backward
     int recompute;            // GPU: keep each layer's output only, recompute the rest in backward
     int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
     int64_t eval_every, val_batches, sample_every, gen_tokens, ckpt_every;
@@ -109,6 +112,8 @@ typedef struct {
     uint64_t rng, seed;
     int64_t release;          // the optimizer's tensors are per-layer slices (word 12; 0 in older files)
     int64_t accum;            // micro-batches per step (word 13; 0 in older files, meaning 1)
+    int64_t weight_bytes;     // the run's weights: 4 fp32, 2 bf16 (word 14; 0 in older files: read as
+                              // fp32 for an fp32-master recipe, bf16 for the others)
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
@@ -155,9 +160,17 @@ typedef struct {
     void (*close)(Trainer *t);
 } Device;
 
+// What a run keeps (run_layout): its weights' and gradients' dtypes and the master of its weights
+// (cfg.correction_bytes: 0 none, 1 int8, 4 an fp32 master).
+typedef struct {
+    bnb8_dtype weights, grads;
+    int correction_bytes;
+} Layout;
+
 struct Trainer {
     TrainArgs a;
     const Recipe *recipe;
+    Layout lay;                      // the recipe on this run's device and model
     const OptimizerChoice *oc;
     float lr, wd;                    // peak learning rate and weight decay of this run
     const Device *dev;
@@ -167,7 +180,7 @@ struct Trainer {
     TokenFile train_file, val_file;
     Tokenizer tok;
     DataLoader loader;
-    // Where the optimizer finds tensor i: its weights and gradients, on the device, in the recipe's
+    // Where the optimizer finds tensor i: its weights and gradients, on the device, in lay's
     // dtypes. Under release the per-layer gradients are one layer's slice, shared by every layer.
     void *param[GPT2_NUM_PARAMS], *grad[GPT2_NUM_PARAMS];
     bnb8_optimizer *opt;

@@ -57,6 +57,8 @@ for c in $CHECKS; do
 -r flash
 -r 8bit -p lion -C 1
 -r fp32 -p sgd -A 2
+-r 8bit-int8 -R 1 -g 0
+-r 8bit -P fp32
 LIST
              ;;
     bench)   check bench "$BIN/bench_gpu"

@@ -1,7 +1,8 @@
 /*
 test_train.c — the GPT-2 trainer (DESIGN.md §8, §12): gradients against finite differences of an
-independent double-precision forward, training lowers the loss and 8-bit and flash stay within 2% of fp32,
-resume is bit-exact, and every loader refuses bad files with a message naming the file.
+independent double-precision forward, training lowers the loss and 8bit, flash and 8bit-int8 stay within 2%
+of fp32 with the bytes per parameter of their formats, resume is bit-exact, and every loader refuses bad
+files with a message naming the file.
 
 The tests reach the trainer, its model and its loaders through their headers (the trainer is
 linked, built with -DTRAIN_NO_MAIN). Models here are tiny (2 layers, C = 32, V = 64) and the data is
@@ -313,10 +314,34 @@ static void tiny_args(TrainArgs *a, const char *recipe, const char *optimizer, i
     a->verbose = 0;
 }
 
+// Persistent bytes of a recipe on the CPU by the formats (DESIGN.md §8.6), tensor by tensor: fp32
+// weights and gradients where the master is fp32 (they are one), else bf16 weights + an int8
+// correction + bf16 gradients; per state 4 bytes an element (32-bit states, and every tensor under
+// 4096 elements), 8-bit codes + an fp32 absmax per 256, or flash codes + a bf16 scale per 32.
+static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
+    int r = find_recipe(recipe);
+    int wide = recipes[r].correction_bytes == 4;
+    int64_t sizes[GPT2_NUM_PARAMS];
+    gpt2_param_sizes(c, sizes);
+    bnb8_memory m = {0};
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+        double n = (double)sizes[i];
+        m.params += sizes[i];
+        m.weights += (wide ? 4 : 2) * n;
+        m.gradients += (wide ? 4 : 2) * n;
+        m.correction += (wide ? 0 : 1) * n;
+        double per_state = sizes[i] < 4096 || recipes[r].states == BNB8_STATE_32BIT ? 4 * n
+                         : recipes[r].states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
+                         : n + 2.0 * (double)((sizes[i] + 31) / 32);
+        m.states += 2 * per_state;   // AdamW: m and v
+    }
+    return m;
+}
+
 static void test_training(void) {
-    const char *rec[3] = {"fp32", "8bit", "flash"};
-    float val[3] = {0, 0, 0};
-    for (int k = 0; k < 3; k++) {
+    const char *rec[4] = {"fp32", "8bit", "flash", "8bit-int8"};
+    float val[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 4; k++) {
         TrainArgs a;
         tiny_args(&a, rec[k], "adamw", 50);
         float losses[50];
@@ -336,11 +361,23 @@ static void test_training(void) {
                    "flash: weights %.3f, correction %.3f, gradients %.3f bytes/param", res.memory.weights / P,
                    res.memory.correction / P, res.memory.gradients / P);
         }
+        GPT2Config c;
+        gpt2_config_from_descriptor(&c, a.model);
+        c.stable_embedding = 0;
+        bnb8_memory want = expected_memory(rec[k], &c), got = res.memory;
+        double P = (double)got.params, bpp = (got.weights + got.correction + got.gradients + got.states) / P;
+        EXPECT(got.params == want.params && got.weights == want.weights && got.correction == want.correction &&
+               got.gradients == want.gradients && got.states == want.states,
+               "%s: %.4f + %.4f + %.4f + %.4f bytes/param, expected %.4f + %.4f + %.4f + %.4f", rec[k], got.weights / P,
+               got.correction / P, got.gradients / P, got.states / P, want.weights / P, want.correction / P,
+               want.gradients / P, want.states / P);
+        if (tverbose) printf("    %s: weights %.3f + master %.3f + gradients %.3f + states %.3f = %.3f bytes/param\n", rec[k],
+                             got.weights / P, got.correction / P, got.gradients / P, got.states / P, bpp);
     }
-    for (int k = 1; k < 3; k++) {
+    for (int k = 1; k < 4; k++) {
         double gap = (val[k] - val[0]) / val[0];
         EXPECT(fabs(gap) <= 0.02, "%s val loss %.5f vs fp32 %.5f: gap %.2f%%", rec[k], (double)val[k], (double)val[0], 100 * gap);
-        printf("    %-5s vs fp32 after 50 steps: val loss %.5f vs %.5f, gap %+.3f%%\n", rec[k], (double)val[k], (double)val[0],
+        printf("    %-9s vs fp32 after 50 steps: val loss %.5f vs %.5f, gap %+.3f%%\n", rec[k], (double)val[k], (double)val[0],
                100 * gap);
     }
     // The other optimizers and StableEmbedding learn too.
@@ -412,6 +449,13 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     other.recipe = strcmp(recipe, "fp32") == 0 ? "8bit" : "fp32";
     other.steps = N + 5;
     EXPECT(train_run(&other, &rb) != 0 && strstr(train_error_text, "recipe"), "resume with another recipe: '%s'", train_error_text);
+    // Nor can the fp32 parity model resume a checkpoint of bf16 weights (a correction recipe's).
+    other = a;
+    other.parity = 1;
+    other.steps = N + 5;
+    if (recipes[find_recipe(recipe)].correction_bytes != 4)
+        EXPECT(train_run(&other, &rb) != 0 && strstr(train_error_text, "bf16 weights"), "resume with -P fp32: '%s'",
+               train_error_text);
     if (tverbose) printf("    %s %s stable %d: steps %lld..%lld resumed bit-exactly, final loss %.6f\n", recipe, optimizer,
                          stable, (long long)K + 1, (long long)N, (double)la[11]);
     free(wa); free(wb);
@@ -481,6 +525,8 @@ static void test_resume(void) {
     resume_case("flash", "adamw", 0);   // the final weights compared are the decoded fp32 masters
     resume_case("flash", "lion", 1);
     resume_case("flash", "sgd", 0);
+    resume_case("8bit-int8", "adamw", 0);
+    resume_case("8bit-int8", "lion", 1);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -658,7 +704,7 @@ static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
     tpath(bad, sizeof bad, "bad_state.bin");
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3, 2}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
@@ -669,6 +715,7 @@ static void test_state_files(void) {
     variant(bad, d, size, 5, -1, size);       expect_refused(load_state_file, bad, "step", "state: negative step");
     variant(bad, d, size, 14, 99, size);      expect_refused(load_state_file, bad, "inconsistent", "state: bad recipe");
     variant(bad, d, size, 27, -1, size);      expect_refused(load_state_file, bad, "inconsistent", "state: negative micro-batches");
+    variant(bad, d, size, 28, 3, size);       expect_refused(load_state_file, bad, "inconsistent", "state: 3-byte weights");
     variant(bad, d, size, -1, 0, size - 8);   expect_refused(load_state_file, bad, "truncated", "state: truncated");
     variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
     free(d);
@@ -744,7 +791,8 @@ static void test_settings(void) {
         {3, {"t", "-r", "4bit"}, "recipe"}, {3, {"t", "-p", "adam"}, "optimizer"}, {2, {"t", "file.bin"}, "unexpected"},
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
         {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"},
-        {3, {"t", "-A", "0"}, "-A expects"}, {3, {"t", "-C", "2"}, "-C expects"}};
+        {3, {"t", "-A", "0"}, "-A expects"}, {3, {"t", "-C", "2"}, "-C expects"}, {3, {"t", "-P", "fp16"}, "-P"},
+        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -761,6 +809,9 @@ static void test_settings(void) {
     EXPECT(given['b'] && given['r'] && given['w'] && !given['e'] && !given['g'], "flags given");
     const char *more[] = {"t", "-A", "3", "-C", "1"};
     EXPECT(parse_args(5, (char **)more, &a, given) == 0 && a.accum == 3 && a.recompute == 1, "-A 3 -C 1: %s", train_error_text);
+    const char *parity[] = {"t", "-r", "8bit-int8", "-P", "fp32"};
+    EXPECT(parse_args(5, (char **)parity, &a, given) == 0 && a.parity == 1 && strcmp(a.recipe, "8bit-int8") == 0,
+           "-r 8bit-int8 -P fp32: %s", train_error_text);
     // The GPU's defaults fill what the command line left out, and only that.
     const char *gpu_flags[] = {"t", "-r", "8bit", "-n", "9"};
     EXPECT(parse_args(5, (char **)gpu_flags, &a, given) == 0, "%s", train_error_text);
@@ -784,7 +835,20 @@ static void test_settings(void) {
     tiny_args(&a, "fp32", "adamw", 3);
     a.map = BNB8_MAP_LINEAR;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-r 8bit"), "-M with fp32: '%s'", train_error_text);
-    // Gradient release is the GPU's, for flash, without clipping; a CPU-only build has no GPU.
+    tiny_args(&a, "flash", "adamw", 3);
+    a.blocksize = 512;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-r 8bit"), "-K with flash: '%s'", train_error_text);
+    // 8bit-int8 has the 8-bit states of 8bit: the ablations apply; its weights carry the correction
+    tiny_args(&a, "8bit-int8", "adamw", 3);
+    a.map = BNB8_MAP_LINEAR; a.blocksize = 0;
+    EXPECT(train_run(&a, &ab) == 0 && isfinite(ab.last_loss) && ab.memory.correction == (double)ab.memory.params,
+           "8bit-int8, linear map, one block: '%s'", train_error_text);
+    // the fp32 parity model (-P fp32) keeps fp32 weights and gradients and no master, on the CPU too
+    tiny_args(&a, "8bit-int8", "adamw", 3);
+    a.parity = 1;
+    EXPECT(train_run(&a, &ab) == 0 && ab.memory.weights == 4.0 * (double)ab.memory.params && ab.memory.correction == 0.0 &&
+           ab.memory.gradients == 4.0 * (double)ab.memory.params, "8bit-int8 -P fp32: '%s'", train_error_text);
+    // Gradient release is the GPU's (every recipe), without clipping; a CPU-only build has no GPU.
     tiny_args(&a, "flash", "adamw", 3);
     a.release = 1;
     a.device = 1;
@@ -821,8 +885,8 @@ void tests_train(void) {
     test_run("train: gradients vs finite differences of a double forward", test_gradients);
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
-    test_run("train: 50 steps lower the loss; 8-bit and flash within 2% of fp32", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash; adamw, lion, sgd)", test_resume);
+    test_run("train: 50 steps lower the loss; 8bit, flash and 8bit-int8 within 2% of fp32; bytes per parameter", test_training);
+    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd)", test_resume);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
