@@ -43,7 +43,7 @@ HEADERS   := bnb8.h test/test.h
 TRAIN_SRCS    := train_gpt2_8bit.c gpt2_cpu.c gpt2_data.c
 TRAIN_HEADERS := train_gpt2_8bit.h gpt2.h gpt2_cpu.h gpt2_data.h gpt2_cuda.h bnb8.h
 
-.PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu clean
+.PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu scale-accuracy clean
 all: info $(BUILD)/libbnb8.a $(if $(NVCC),$(BUILD)/train_gpt2_8bit_cuda)
 
 info:
@@ -154,6 +154,13 @@ $(BUILD)/bench_cpu: dev/bench/bench_cpu.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
 
 bench-cpu: info $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
+
+# Flash AdamW's distance from fp32 AdamW by the group scales' dtype (issue P10's run, CPU, ~minutes).
+$(BUILD)/scale_accuracy: dev/bench/scale_accuracy.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
+	$(CC) $(CFLAGS) -O3 $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
+
+scale-accuracy: info $(BUILD)/scale_accuracy
+	./$(BUILD)/scale_accuracy
 
 # GPU tests and benchmarks: need nvcc to build and a GPU to run.
 $(BUILD)/test_gpu: test/test_gpu.cu $(BUILD)/test_harness.o $(BUILD)/libbnb8.a bnb8.h test/test.h | $(BUILD)
