@@ -624,10 +624,10 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     if (param_dtype != BNB8_F32)   // automatic: int8 for a flash configuration (small tensors too), else none
         t.correction_bytes = t.cfg.correction_bytes != BNB8_CORRECTION_AUTO ? t.cfg.correction_bytes
                            : t.cfg.format == BNB8_STATE_FLASH ? 1 : 0;
-    // The GPU carries corrections in the launches of the kinds with a flash form, one absmax per block.
-    if (t.on_gpu && t.correction_bytes && (!bnb8_flash_kind(opt->kind) || (t.format == BNB8_STATE_8BIT && t.cfg.blocksize == 0)))
+    // The GPU carries corrections in the launches of the kinds with a flash form (their tables).
+    if (t.on_gpu && t.correction_bytes && !bnb8_flash_kind(opt->kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': a master weight correction on the GPU needs AdamW, Adam, SGD or Lion "
-                         "and, with 8-bit states, blocks (blocksize > 0); CPU-only otherwise for now", fn, name);
+                         "(CPU-only for the other kinds for now)", fn, name);
     t.memory_bytes = bnb8_state_bytes(&t);
     if (t.memory_bytes > 0) {
         if (t.on_gpu) status = bnb8_cuda_alloc_zeroed(&t.memory, t.memory_bytes);

@@ -1298,7 +1298,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             int64_t run_end = sm.t.first_chunk + sm.t.n / (R * BNB8_ROW);
             run_end = run_end < end ? run_end : end;
             run_end = run_end < next_tensor_chunk ? run_end : next_tensor_chunk;
-            if constexpr (FLASH) {
+            if constexpr (FLASH && PASS == BNB8_PASS_BLOCKS) {   // the passes hold 8-bit tensors only
                 if (sm.t.format == BNB8_STATE_FLASH || (sm.t.correction_bytes && !sm.t.eight_bit)) {
                     if (full && sm.def) {
                         for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
@@ -1402,14 +1402,15 @@ static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, bn
 }
 
 // The launch of KIND, with the flash tables when the launch has flash tensors or corrections (flash
-// states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only, and are never
-// blocksize 0). flash: the FLASH mode above.
+// states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only). flash: the
+// FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters.
 template <int KIND, int PASS>
 static int bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
                             bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
-    if constexpr (PASS == BNB8_PASS_BLOCKS && (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION)) {
+    if constexpr (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION) {
         if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
-        if (flash == 1) return bnb8_launch_update<KIND, 1, PASS>(c, rows, chunks, dh, dt, stream);
+        if constexpr (PASS == BNB8_PASS_BLOCKS)
+            if (flash == 1) return bnb8_launch_update<KIND, 1, PASS>(c, rows, chunks, dh, dt, stream);
     }
     return bnb8_launch_update<KIND, 0, PASS>(c, rows, chunks, dh, dt, stream);
 }
@@ -1460,12 +1461,13 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
     memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
-    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0;
+    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0;
     for (int i = 0; i < count; i++) {
         if (tensors[i].eight_bit && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
         if (tensors[i].eight_bit && tensors[i].correction_bytes) flash = 2;
         need_percentile |= tensors[i].percentile < 100;
+        per_tensor_masters |= bnb8_per_tensor(&tensors[i]) && tensors[i].correction_bytes;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
     }
     // The blocksize-0 tensors last: [0, blocked) keep the single launch, [blocked, count) get the two passes.
@@ -1508,8 +1510,9 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     if (!status && blocked < count) {
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,
                                                       sizeof(unsigned) * 3 * (size_t)(count - blocked), stream));
-        if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, 0, rows, chunks - blocked_chunks, dh, dt, stream);
-        if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, 0, rows, chunks - blocked_chunks, dh, dt, stream);
+        int mode = per_tensor_masters ? 2 : 0;
+        if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
+        if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) {
             bnb8_absmax_kernel<<<(count - blocked + 127) / 128, 128, 0, stream>>>(dt, blocked, count, c->tensor_max);
             status = bnb8_cuda_status(fn, cudaGetLastError());

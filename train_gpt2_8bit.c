@@ -799,8 +799,6 @@ static int check_settings(Trainer *t) {
     t->lay = run_layout(t->recipe, on_gpu, a->parity);
     if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && t->recipe->states != BNB8_STATE_8BIT)
         return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit or 8bit-int8");
-    if (on_gpu && t->lay.correction_bytes && t->recipe->states == BNB8_STATE_8BIT && a->blocksize == 0)
-        return train_fail("-K 0 (one absmax per tensor) is not carried with master weights on the GPU yet: add -P fp32");
     if (a->recompute && !on_gpu)
         return train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
     if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step

@@ -368,7 +368,7 @@ static void test_flash_parity(void) {
 // "t3"'s 32-bit ones, which keep the configured master) on bf16 / f16 weights with an int8 or int16
 // correction or an fp32 master, 100 steps: GPU equals CPU bit for bit (weights, masters, states). AdamW
 // in every combination; Adam, SGD and Lion with int8 and fp32 masters; 8-bit blocks of 4096 (chunks of
-// 4 rows) with both.
+// 4 rows) with both; a tensor with one absmax (blocksize 0: the two passes) with each master.
 static void test_master_parity(void) {
     std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     typedef struct { bnb8_optim kind; bnb8_state_format format; bnb8_dtype pdtype; int correction; int64_t blocksize; } master_case;
@@ -382,6 +382,7 @@ static void test_master_parity(void) {
             for (int cb : {1, 4}) cases.push_back({kinds[k], formats[f], BNB8_BF16, cb, 256});
     }
     for (int cb : {1, 4}) cases.push_back({BNB8_ADAMW, BNB8_STATE_8BIT, BNB8_BF16, cb, 4096});
+    for (int cb : {1, 2, 4}) cases.push_back({BNB8_ADAMW, BNB8_STATE_8BIT, BNB8_BF16, cb, 0});   // t2: one absmax
     const char *master_names[5] = {"none", "int8", "int16", "?", "fp32"};
     for (const master_case &c : cases) {
         bnb8_config cfg = bnb8_config_default(c.kind);
@@ -391,8 +392,12 @@ static void test_master_parity(void) {
         cfg.correction_bytes = c.correction;
         cfg.blocksize = c.blocksize;
         int equal = 0;
-        double worst = optimizer_parity(c.kind, cfg, c.pdtype, BNB8_BF16, sizes, steps(100), &equal, "t3");
-        const char *fmt = c.format == BNB8_STATE_FLASH ? "flash" : c.blocksize == 4096 ? "8-bit 4096" : "8-bit";
+        // blocksize 0: t2 alone has one absmax (the two passes), among the blocked others
+        if (c.blocksize == 0) cfg.blocksize = 256;
+        double worst = optimizer_parity(c.kind, cfg, c.pdtype, BNB8_BF16, sizes, steps(100), &equal, "t3",
+                                        c.blocksize == 0 ? "t2" : NULL);
+        const char *fmt = c.format == BNB8_STATE_FLASH ? "flash" : c.blocksize == 4096 ? "8-bit 4096"
+                        : c.blocksize == 0 ? "8-bit t2 one" : "8-bit";
         printf("    %-6s %-10s p %-4s master %-5s: %s\n", optimizer_names[c.kind], fmt, dtype_name(c.pdtype),
                master_names[c.correction], worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
         EXPECT(worst == 0.0 && equal, "%s %s p %s master %s: params differ by %g rel, states or exports %s",
