@@ -175,8 +175,37 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
     }
 }
 
+// The backward products' register tile: out[q * C + k] (q < nq <= 4 rows, k < nk <= 16 columns)
+// += sum over j in [j0, j1), in order, of e(q, j) * v(j)[k], with e(q, j) = e[q * eq + j * ej] and
+// v(j) = v + j * vj. Full 4 x 16 tiles keep their sums in registers.
+static inline void tile_accumulate(float *out, int64_t C, int64_t nq, int64_t nk, const float *e, int64_t eq, int64_t ej,
+                                   const float *v, int64_t vj, int64_t j0, int64_t j1) {
+    if (nq == 4 && nk == 16) {
+        float acc[4][16];
+        for (int q = 0; q < 4; q++)
+            for (int k = 0; k < 16; k++) acc[q][k] = out[q * C + k];
+        for (int64_t j = j0; j < j1; j++) {
+            const float *x = v + j * vj;
+            float e0 = e[j * ej], e1 = e[eq + j * ej], e2 = e[2 * eq + j * ej], e3 = e[3 * eq + j * ej];
+            for (int k = 0; k < 16; k++) {
+                acc[0][k] += e0 * x[k]; acc[1][k] += e1 * x[k];
+                acc[2][k] += e2 * x[k]; acc[3][k] += e3 * x[k];
+            }
+        }
+        for (int q = 0; q < 4; q++)
+            for (int k = 0; k < 16; k++) out[q * C + k] = acc[q][k];
+        return;
+    }
+    for (int64_t q = 0; q < nq; q++)
+        for (int64_t k = 0; k < nk; k++) {
+            float s = out[q * C + k];
+            for (int64_t j = j0; j < j1; j++) s += e[q * eq + j * ej] * v[j * vj + k];
+            out[q * C + k] = s;
+        }
+}
+
 // dinp (N, C) = dout (N, OC) @ weight (OC, C): each element sums over o = 0..OC-1 in order.
-// Register tiles of 4 rows x 16 columns; the weight is read in blocks of OB rows.
+// Tiles of 4 rows x 16 columns; the weight is read in blocks of OB rows.
 static void matmul_backward_input(float *dinp, const float *dout, const float *weight,
                                   int64_t N, int64_t C, int64_t OC) {
     const int64_t RB = 16, OB = 256, CB = 16;
@@ -188,32 +217,9 @@ static void matmul_backward_input(float *dinp, const float *dout, const float *w
         for (int64_t o0 = 0; o0 < OC; o0 += OB) {
             int64_t o1 = o0 + OB < OC ? o0 + OB : OC;
             for (int64_t r = r0; r < r1; r += 4)
-                for (int64_t c = 0; c < C; c += CB) {
-                    if (r + 4 <= r1 && c + CB <= C) {
-                        float acc[4][16];
-                        for (int rr = 0; rr < 4; rr++)
-                            for (int k = 0; k < 16; k++) acc[rr][k] = dinp[(r + rr) * C + c + k];
-                        const float *d0 = dout + r * OC, *d1 = d0 + OC, *d2 = d1 + OC, *d3 = d2 + OC;
-                        for (int64_t o = o0; o < o1; o++) {
-                            const float *w = weight + o * C + c;
-                            float e0 = d0[o], e1 = d1[o], e2 = d2[o], e3 = d3[o];
-                            for (int k = 0; k < 16; k++) {
-                                acc[0][k] += e0 * w[k]; acc[1][k] += e1 * w[k];
-                                acc[2][k] += e2 * w[k]; acc[3][k] += e3 * w[k];
-                            }
-                        }
-                        for (int rr = 0; rr < 4; rr++)
-                            for (int k = 0; k < 16; k++) dinp[(r + rr) * C + c + k] = acc[rr][k];
-                    } else {
-                        int64_t re = r + 4 < r1 ? r + 4 : r1, ce = c + CB < C ? c + CB : C;
-                        for (int64_t rr = r; rr < re; rr++)
-                            for (int64_t cc = c; cc < ce; cc++) {
-                                float s = dinp[rr * C + cc];
-                                for (int64_t o = o0; o < o1; o++) s += dout[rr * OC + o] * weight[o * C + cc];
-                                dinp[rr * C + cc] = s;
-                            }
-                    }
-                }
+                for (int64_t c = 0; c < C; c += CB)   // e(q, o) = dout[r + q, o], v(o) = weight[o, c..]
+                    tile_accumulate(dinp + r * C + c, C, r + 4 < r1 ? 4 : r1 - r, c + CB < C ? CB : C - c,
+                                    dout + r * OC, OC, 1, weight + c, C, o0, o1);
         }
     }
 }
@@ -236,31 +242,9 @@ static void matmul_backward_weight(float *dweight, float *dbias, const float *do
         for (int64_t r0 = 0; r0 < N; r0 += RB) {
             int64_t r1 = r0 + RB < N ? r0 + RB : N;
             for (int64_t o = o0; o < o1; o += 4)
-                for (int64_t c = 0; c < C; c += CB) {
-                    if (o + 4 <= o1 && c + CB <= C) {
-                        float acc[4][16];
-                        for (int q = 0; q < 4; q++)
-                            for (int k = 0; k < 16; k++) acc[q][k] = dweight[(o + q) * C + c + k];
-                        for (int64_t r = r0; r < r1; r++) {
-                            const float *x = inp + r * C + c, *d = dout + r * OC + o;
-                            float e0 = d[0], e1 = d[1], e2 = d[2], e3 = d[3];
-                            for (int k = 0; k < 16; k++) {
-                                acc[0][k] += e0 * x[k]; acc[1][k] += e1 * x[k];
-                                acc[2][k] += e2 * x[k]; acc[3][k] += e3 * x[k];
-                            }
-                        }
-                        for (int q = 0; q < 4; q++)
-                            for (int k = 0; k < 16; k++) dweight[(o + q) * C + c + k] = acc[q][k];
-                    } else {
-                        int64_t oe = o + 4 < o1 ? o + 4 : o1, ce = c + CB < C ? c + CB : C;
-                        for (int64_t oo = o; oo < oe; oo++)
-                            for (int64_t cc = c; cc < ce; cc++) {
-                                float s = dweight[oo * C + cc];
-                                for (int64_t r = r0; r < r1; r++) s += dout[r * OC + oo] * inp[r * C + cc];
-                                dweight[oo * C + cc] = s;
-                            }
-                    }
-                }
+                for (int64_t c = 0; c < C; c += CB)   // e(q, r) = dout[r, o + q], v(r) = inp[r, c..]
+                    tile_accumulate(dweight + o * C + c, C, o + 4 < o1 ? 4 : o1 - o, c + CB < C ? CB : C - c,
+                                    dout + o, 1, OC, inp + c, C, r0, r1);
         }
     }
 }
