@@ -169,6 +169,15 @@ $(BUILD)/test_gpu: test/test_gpu.cu $(BUILD)/test_harness.o $(BUILD)/libbnb8.a b
 $(BUILD)/bench_gpu: dev/bench/bench_gpu.cu $(BUILD)/libbnb8.a bnb8.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp
 
+# The library and dev/bench/peers/bnb8_shim.c as one shared object, for the peers' Python scripts
+# (scale_accuracy_peers.py steps bnb8 on the same GPU tensors as PyTorch and FlashOptim).
+$(BUILD)/libbnb8_shim.so: dev/bench/peers/bnb8_shim.c bnb8.c bnb8_cuda.cu bnb8.h | $(BUILD)
+	@mkdir -p $(BUILD)/pic
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -c bnb8_cuda.cu -o $(BUILD)/pic/bnb8_cuda.o
+	$(CC) $(CFLAGS) -fPIC -DBNB8_CUDA -c bnb8.c -o $(BUILD)/pic/bnb8.o
+	$(CC) $(CFLAGS) -fPIC -c dev/bench/peers/bnb8_shim.c -o $(BUILD)/pic/bnb8_shim.o
+	$(NVCC) -shared $(BUILD)/pic/bnb8_cuda.o $(BUILD)/pic/bnb8.o $(BUILD)/pic/bnb8_shim.o -o $@ -lgomp
+
 # The GPU GPT-2 model (gpt2_cuda.cu, cuBLASLt) and its device test against the trainer's CPU model
 # (test/gpt2_cpu_ref.c: gpt2_cpu.h behind plain C calls, linked with gpt2_cpu.o and gpt2_data.o).
 $(BUILD)/gpt2_cuda.o: gpt2_cuda.cu gpt2_cuda.h gpt2.h bnb8.h | $(BUILD)

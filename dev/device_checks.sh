@@ -3,7 +3,8 @@
 # may end early): the GPU trainer against the CPU trainer, the model's own test, a 7B model for 10
 # steps with flash + gradient release, the kernels' parity, their speed with the peers; `recipes`
 # (not in the default list) trains d12 12 steps with each recipe and keeps the loss lines, to compare
-# two commits' trainers on one GPU kind (recipes.txt, without the timings).
+# two commits' trainers on one GPU kind (recipes.txt, without the timings); `scale` (not in the default
+# list either) runs issue P10's scale-accuracy run against FlashOptim on the same GPU tensors.
 #
 #   bash dev/device_checks.sh                 # builds with make (the GPU's own architecture), runs all
 #   BIN=build/run bash dev/device_checks.sh   # runs binaries built elsewhere (e.g. here with
@@ -65,7 +66,10 @@ LIST
              if python3 -c "import torch" 2>/dev/null; then
                  check peers env PYTHONPATH="$PWD/.whl/site" python3 dev/bench/peers/bench_peers.py
              fi ;;
-    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench recipes)"; exit 2 ;;
+    # issue P10's accuracy run on the GPU: torch fp32 AdamW, FlashOptim and bnb8 on the same tensors
+    scale)   make -j"$(nproc)" build/libbnb8_shim.so > "$OUT/make_shim.log" 2>&1 || { tail -n 30 "$OUT/make_shim.log"; exit 1; }
+             check scale env PYTHONPATH="$PWD/.whl/site" PYTHONUNBUFFERED=1 python3 dev/bench/peers/scale_accuracy_peers.py ;;
+    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench recipes scale)"; exit 2 ;;
     esac
 done
 echo "=== summary"
