@@ -77,12 +77,18 @@ lib.shim_free.argtypes = [ctypes.c_void_p]
 lib.shim_error.restype = ctypes.c_char_p
 
 
-def bnb8_run(fmt, corr, scale_dtype):
-    w = p0.clone()
+gbuf32 = torch.empty(N, dtype=torch.float32, device=DEV)   # the same gradient in fp32, for the control
+keep = []   # the tensors bnb8 holds pointers to, alive until the end
+
+
+def bnb8_run(fmt, corr, scale_dtype, wdt=BF16):
+    w = p0.clone() if wdt == BF16 else p0.float()
+    g = gbuf if wdt == BF16 else gbuf32
     h = ctypes.c_void_p()
-    if lib.shim_open(ctypes.byref(h), fmt, corr, scale_dtype, LR, BETAS[0], BETAS[1], EPS, WD, w.data_ptr(), BF16,
-                     gbuf.data_ptr(), BF16, N, p0_host.data_ptr()):
+    if lib.shim_open(ctypes.byref(h), fmt, corr, scale_dtype, LR, BETAS[0], BETAS[1], EPS, WD, w.data_ptr(), wdt,
+                     g.data_ptr(), wdt, N, p0_host.data_ptr()):
         raise RuntimeError(lib.shim_error().decode())
+    keep.append((w, h))
 
     def step():
         if lib.shim_step(h, LR):
@@ -96,7 +102,8 @@ def bnb8_run(fmt, corr, scale_dtype):
     return step, master
 
 
-for name, args in [("bnb8 flash, the default scale", (STATE_FLASH, -1, -1)),
+for name, args in [("bnb8 32-bit AdamW, fp32 weights (the control: ~0)", (STATE_32BIT, 0, -1, F32)),
+                   ("bnb8 flash, the default scale", (STATE_FLASH, -1, -1)),
                    ("bnb8 flash, bf16 scales", (STATE_FLASH, -1, BF16)),
                    ("bnb8 flash, fp16 scales", (STATE_FLASH, -1, F16)),
                    ("bnb8 flash, fp32 scales", (STATE_FLASH, -1, F32)),
@@ -112,6 +119,7 @@ for name, args in [("bnb8 flash, the default scale", (STATE_FLASH, -1, -1)),
 print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, n = {N}, {STEPS} steps", flush=True)
 for t in range(STEPS):
     gbuf.copy_(((torch.randn(N, generator=gen, device=DEV) + 0.3) * s).to(torch.bfloat16))
+    gbuf32.copy_(gbuf)
     torch.cuda.synchronize()
     ref_step()
     for step, _ in runs.values():
@@ -120,8 +128,12 @@ for t in range(STEPS):
 
 ref = w_ref.detach().double()
 moved = torch.linalg.vector_norm(ref - p0.double()).item()
-print(f"{'run':<58} distance from fp32 AdamW")
+print(f"fp32 AdamW moved the weights by {moved:.4f} (L2)")
+print(f"{'run':<58} distance from fp32 AdamW | moved / fp32's | cosine with fp32's move")
 for name, (_, master) in runs.items():
-    d = torch.linalg.vector_norm(master().double() - ref).item() / moved
-    print(f"{name:<58} {d:.5f}")
+    m = master().double()
+    d = torch.linalg.vector_norm(m - ref).item() / moved
+    mv = torch.linalg.vector_norm(m - p0.double()).item()
+    cos = torch.dot(m - p0.double(), ref - p0.double()).item() / max(mv * moved, 1e-300)
+    print(f"{name:<58} {d:.5f} | {mv / moved:.4f} | {cos:.5f}")
 sys.stdout.flush()
