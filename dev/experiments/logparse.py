@@ -13,6 +13,8 @@ MODEL = re.compile(r'^model\s+(\S+): .*, (\d+) parameters, StableEmbedding (\w+)
 TRAIN = re.compile(r'^train\s+B=(\d+) T=(\d+)(, \d+ micro-batches per step)?, steps \d+\.\.\d+ of (\d+)')
 RECIPE = re.compile(r'^recipe\s+(\S+): (.*)')
 OPTIM = re.compile(r'^optim\s+(\S+), lr (\S+)')
+MEASURED = re.compile(r'^\s+measured \(cudaMemGetInfo[^)]*\)\s+([0-9.]+) ([kMG]?B)')
+UNIT = {'B': 1, 'kB': 1e3, 'MB': 1e6, 'GB': 1e9}
 
 
 def num(s):
@@ -25,7 +27,7 @@ def num(s):
 def parse(path):
     r = dict(path=path, name=os.path.basename(path)[:-4], study=os.path.basename(os.path.dirname(path)),
              header={}, flags={}, device=None, train=[], val=[], skipped_steps=0, speed=None, bpp=None,
-             scratch=None, model=None, shape=None, params=None, stable=None, recipe=None, recipe_about='', optim=None, lr=None,
+             scratch=None, mem=None, model=None, shape=None, params=None, stable=None, recipe=None, recipe_about='', optim=None, lr=None,
              error=None, complete=False)
     with open(path, errors='replace') as f:
         lines = f.read().splitlines()
@@ -51,6 +53,8 @@ def parse(path):
             r['optim'], r['lr'] = m[1], m[2]
         elif 'persistent bytes per parameter' in line and (m := TOTAL.search(nxt)):
             r['bpp'] = float(m[1])   # printed at the start and in the report: the last one is kept
+        elif m := MEASURED.match(line):
+            r['mem'] = float(m[1]) * UNIT[m[2]]   # device memory measured; the report's (last) one is kept
         elif 'gradient scratch under release' in line and (m := SCRATCH.search(nxt)):
             r['scratch'] = float(m[1])
         elif re.match(r'^step \d+: non-finite gradient norm', line):

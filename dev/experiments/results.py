@@ -1,5 +1,6 @@
-"""results.py [EXP_OUT]: turns $EXP_OUT/logs/*/*.log into $EXP_OUT/RESULTS.md (default EXP_OUT:
-dev/experiments). Every number in it is read from a log. Standard library only."""
+"""results.py [EXP_OUT] [--summary]: turns $EXP_OUT/logs/*/*.log into $EXP_OUT/RESULTS.md (default
+EXP_OUT: dev/experiments); --summary also prints a short table of every run. Every number in it is
+read from a log. Standard library only."""
 import glob
 import math
 import os
@@ -11,7 +12,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from logparse import divergence, parse, worst_spike, worst_val_rise  # noqa: E402
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get('EXP_OUT', 'dev/experiments')
+ARGS = [a for a in sys.argv[1:] if not a.startswith('--')]
+OUT = ARGS[0] if ARGS else os.environ.get('EXP_OUT', 'dev/experiments')
+SUMMARY = '--summary' in sys.argv   # also print a short table of every run
 
 
 def f4(x):
@@ -40,6 +43,16 @@ def speed(r):
         return '—'
     # EXP_SHARD: several runs at once on one device, so the speed is a share of it
     return f"{r['speed']:.0f}" + (' (shared)' if 'shared' in r['header'] else '')
+
+
+def memory(r):
+    return '—' if not r['mem'] else f"{r['mem'] / 1e9:.2f} GB"
+
+
+def where(r):
+    """The GPU (the trainer's first line), the date and the commit of a run."""
+    gpu = (r['device'] or '—').replace('GPU NVIDIA ', '').replace(' (bf16 model)', '')
+    return f"{gpu}, {r['header'].get('date', '?')[:16]}, `{r['header'].get('commit', '?')}`"
 
 
 def table(head, rows):
@@ -82,16 +95,23 @@ def seed_spread():
     return vals, max(vals) - min(vals), statistics.stdev(vals)
 
 
-def study1(md):
-    runs = runs_of('study1_recipes')
-    _, spread, _ = seed_spread()
+def is_ref(r):
+    """The fp32 reference of a study-1 style table: recipe fp32, no release, named ..._fp32."""
+    return r['recipe'] == 'fp32' and r['flags'].get('-R', '0') == '0' and r['name'].endswith('_fp32') \
+        and r['complete'] and ran(r)
+
+
+def study1(md, study='study1_recipes', use_spread=True):
+    runs = runs_of(study)
+    _, spread, _ = seed_spread() if use_spread else (None, None, None)
     md.append('Final val loss against fp32 with the same optimizer. Tolerance: the larger of the fp32 seed '
               'spread (max - min over study 3\'s seeds, AdamW) and 1% of the fp32 run\'s final val loss. '
               'The release run and its twin `adamw_flash_g0` do not clip (`-g 0`); every other run clips as '
               'its `-g` says (commands below).\n')
     if spread is None:
-        md.append('No seed spread yet (study 3 has fewer than 2 complete runs): the tolerance is 1% alone.\n')
-    ref = {r['optim']: r for r in runs if r['recipe'] == 'fp32' and r['complete'] and ran(r)}
+        md.append('No seed spread ' + ('yet (study 3 has fewer than 2 complete runs)' if use_spread else
+                  'at this size (study 3 is d12)') + ': the tolerance is 1% alone.\n')
+    ref = {r['optim']: r for r in runs if is_ref(r)}
     rows = []
     for r in runs:
         f = r['flags']
@@ -105,9 +125,9 @@ def study1(md):
             within = (f'yes (≤ {tol:.4f})' if abs(x - b) <= tol else f'**no** (> {tol:.4f})') \
                 if math.isfinite(x) else '**no** (non-finite)'
         rows.append([f"`{r['name']}`", r['optim'] or '—', r['recipe'] or '—', setup, f.get('-g', '—'),
-                     f4(r['final_val']), delta, within, speed(r), bytes_per_param(r), status(r)])
+                     f4(r['final_val']), delta, within, speed(r), bytes_per_param(r), memory(r), where(r), status(r)])
     md.append(table(['run', 'optimizer', 'recipe', 'flags', 'clip (-g)', 'final val loss', 'vs fp32', 'within tolerance',
-                     'tokens/s', 'persistent bytes/param', 'status'], rows))
+                     'tokens/s', 'persistent bytes/param', 'device memory (measured)', 'GPU, date, commit', 'status'], rows))
 
 
 def study2(md):
@@ -122,15 +142,17 @@ def study2(md):
                      r['stable'] or '—', f4(r['final_val']),
                      f4(min((x for _, x in r['val'] if math.isfinite(x)), default=None)),
                      f4(worst_val_rise(r) if done else None), f4(worst_spike(r) if done else None),
-                     r['skipped_steps'] if done else '—', status(r)])
+                     r['skipped_steps'] if done else '—', speed(r), memory(r), where(r), status(r)])
     md.append(table(['run', 'peak lr', 'recipe', 'map', 'block', 'StableEmbedding', 'final val loss',
-                     'lowest val loss', 'worst val rise', 'worst spike', 'skipped steps', 'status'], rows))
+                     'lowest val loss', 'worst val rise', 'worst spike', 'skipped steps', 'tokens/s',
+                     'device memory (measured)', 'GPU, date, commit', 'status'], rows))
 
 
 def study3(md):
     rows = [[f"`{r['name']}`", r['flags'].get('-d', '—'), r['recipe'] or '—', f4(r['final_val']), speed(r),
-             status(r)] for r in runs_of('study3_seeds')]
-    md.append(table(['run', 'seed', 'recipe', 'final val loss', 'tokens/s', 'status'], rows))
+             memory(r), where(r), status(r)] for r in runs_of('study3_seeds')]
+    md.append(table(['run', 'seed', 'recipe', 'final val loss', 'tokens/s', 'device memory (measured)',
+                     'GPU, date, commit', 'status'], rows))
     vals, spread, std = seed_spread()
     if spread is not None:
         md.append(f'\nfp32 final val loss over {len(vals)} seeds: mean {statistics.mean(vals):.4f}, '
@@ -139,7 +161,8 @@ def study3(md):
 
 STUDIES = [('study1_recipes', 'Study 1: recipes', study1),
            ('study2_ablations', 'Study 2: the paper\'s ablations', study2),
-           ('study3_seeds', 'Study 3: seed noise', study3)]
+           ('study3_seeds', 'Study 3: seed noise', study3),
+           ('study4_scale', 'Study 4: one more size', lambda md: study1(md, 'study4_scale', use_spread=False))]
 
 
 def commands(md, study, runs):
@@ -183,6 +206,11 @@ def main():
     with open(path, 'w') as f:
         f.write('\n'.join(md))
     print(f'{path}: {len(all_runs)} logs, {len(diverged)} diverged')
+    if SUMMARY:
+        print(f"{'run':44} {'val loss':>8} {'tokens/s':>9} {'B/param':>7} {'memory':>9}  status")
+        for r in all_runs:
+            print(f"{r['study'] + '/' + r['name']:44} {f4(r['final_val']):>8} {speed(r).replace(' (shared)', '*'):>9} "
+                  f"{'—' if r['bpp'] is None else format(r['bpp'], '.3f'):>7} {memory(r):>9}  {status(r)[:60]}")
 
 
 main()
