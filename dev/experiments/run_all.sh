@@ -11,10 +11,13 @@
 #   EXP_RESUME     a folder with logs/ from earlier starts (e.g. dev/experiments when EXP_OUT is
 #                  elsewhere): its complete logs are copied into EXP_OUT first and not rerun
 #   EXP_BUILD      1 (default): make the trainer first when nvcc is there (incremental)
+#   EXP_DRY        1: print the queue in its order (and the copies) and stop
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 T0=$(date +%s)
 : "${EXP_STUDIES:=study1_recipes study3_seeds study2_ablations study4_scale}" "${EXP_RESUME:=}" "${EXP_BUILD:=1}"
+: "${EXP_DRY:=0}"
+[ "$EXP_DRY" = 0 ] || EXP_BUILD=0
 if [ -z "${EXP_WORKERS:-}" ]; then
     EXP_WORKERS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
     [ "$EXP_WORKERS" -ge 1 ] || EXP_WORKERS=1
@@ -34,8 +37,8 @@ source dev/experiments/common.sh
 ORDER=(study1_recipes/adamw_fp32 study1_recipes/adamw_8bit study1_recipes/adamw_flash
        study1_recipes/adamw_8bit-int8 'study3_seeds/*' study1_recipes/adamw_flash_release
        study1_recipes/adamw_flash_g0 study1_recipes/adamw_8bit_b2048 'study1_recipes/lion_*'
-       'study1_recipes/sgd_*' "study2_ablations/lr${EXP_LR_HIGH%% *}_*" 'study2_ablations/*'
-       'study1_recipes/*' '*')
+       'study1_recipes/sgd_*' "study2_ablations/lr${EXP_LR_HIGH%% *}_*" 'study1_recipes/*'
+       'study2_ablations/*' '*')
 
 if [ -n "$EXP_RESUME" ] && [ "$EXP_RESUME" != "$EXP_OUT" ]; then
     for f in "$EXP_RESUME"/logs/*/*.log; do
@@ -63,6 +66,12 @@ for pat in "${ORDER[@]}"; do
     done
 done
 echo "run_all: ${#ORDERED[@]} runs, ${#SAMES[@]} copies, $EXP_WORKERS at once, OMP_NUM_THREADS=$OMP_NUM_THREADS${EXP_END_AT:+, every run to end within ${EXP_BUDGET} s}"
+
+if [ "$EXP_DRY" = 1 ]; then
+    for i in "${!ORDERED[@]}"; do echo "$((i + 1)). ${ORDERED[i]}"; done
+    for line in "${SAMES[@]}"; do echo "copy: $line"; done
+    exit 0
+fi
 
 worker() {   # worker K: claims the next unclaimed run (mkdir is atomic) and makes it on GPU K
     local k=$1 i
