@@ -60,8 +60,8 @@ SOURCES = [
 OUT_NAMES = ("corpus_train.bin", "corpus_val.bin")
 # sha256 of the two outputs of this exact build: a build that differs fails (see --update-hashes).
 EXPECT = {
-    "corpus_train.bin": "abb94a308916ba45bf5f12a94091289276768d2955f984715aab0cb0958b7a5a",
-    "corpus_val.bin": "afe9405be74912eae885cb322776b5fe02fd8be4bb836a873b284e3751312e96",
+    "corpus_train.bin": "3d7443966f9e1ae6b679108837914c60b6554b90c1fe96b68e58d7604c64c017",
+    "corpus_val.bin": "fd6a1a3890108bb7b4e07eddcc07e36c159c1e47c574841ddd598ebc154012d3",
 }
 
 # ---------------------------------------------------------------- archives
@@ -188,7 +188,11 @@ def clean_rst(text):
         if s.startswith(".."):                  # comment, target, footnote, substitution
             i = skip_block(i + 1, ind)
             continue
-        if s.startswith(">>>") or s.startswith("+-") or s.startswith("+=") or (s.startswith("|") and s.endswith("|")):
+        if s.startswith(">>>"):                 # a doctest: the paragraph (input and output)
+            while i < n and lines[i].strip():
+                i += 1
+            continue
+        if s.startswith("+-") or s.startswith("+=") or (s.startswith("|") and s.endswith("|")):
             i += 1
             continue
         if RST_UNDERLINE.match(s):
@@ -362,6 +366,28 @@ def documents(src, path):
             docs.append((f"{src[1]}:{name}", CLEANERS[src[6]](text)))
     return [(i, t) for i, t in docs if len(t) >= MIN_CHARS]
 
+def cleaner_selftest():
+    """Each cleaner on a small input whose plain text is known (run before every build)."""
+    cases = [
+        (clean_rst, "Title\n=====\n\nSome :func:`os.path.join` and ``x``, see `docs <https://a.b>`_.\n\n"
+                    ".. code-block:: python\n\n   print(1)\n\n.. note::\n\n   Kept *text*.\n\n"
+                    "Text::\n\n   code\n\n>>> 1 + 1\n2\n\nAfter.\n",
+         "Title\n\nSome os.path.join and x, see docs.\n\nKept text.\n\nText:\n\nAfter."),
+        (clean_pod, "=head1 NAME\n\nfoo - C<bar> and L<perlfunc/open>, E<lt>E<gt>\n\n    code here\n\n"
+                    "=begin html\n\n<b>x</b>\n\n=end html\n\n=cut\n",
+         "NAME\n\nfoo - bar and open, <>"),
+        (clean_html, '<html><head><title>T</title></head><body><div class="navheader">Prev</div>'
+                     "<p>Hello <b>world</b>\n  again</p><pre>code</pre><table><tr><td>x</td></tr></table>"
+                     "<p>Bye &amp; more</p></body></html>",
+         "Hello world again\n\nBye & more"),
+        (clean_dict_entry, 'Fillip \\Fil"lip\\, n.\n   A jerk. See {Flip}.\n   [1913 Webster]\n',
+         "Fillip , n.\n   A jerk. See Flip."),
+    ]
+    bad = [f"{f.__name__}({src!r}) = {f(src)!r}, want {want!r}" for f, src, want in cases if f(src) != want]
+    if bad:
+        sys.exit("cleaner selftest FAILED:\n  " + "\n  ".join(bad))
+    print(f"cleaner selftest ok ({len(cases)} cleaners)")
+
 # ---------------------------------------------------------------- build
 
 
@@ -406,6 +432,7 @@ def main():
     args = ap.parse_args()
     enc = Encoder(load_ranks(RANKS_PATH))
     selftest(enc)
+    cleaner_selftest()
     build(enc, args.offline, write=not args.stats)
     if args.stats:
         return

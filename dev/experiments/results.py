@@ -51,7 +51,9 @@ def memory(r):
 
 def where(r):
     """The GPU (the trainer's first line), the date and the commit of a run."""
-    gpu = (r['device'] or '—').replace('GPU NVIDIA ', '').replace(' (bf16 model)', '')
+    if not r['device']:
+        return '—'
+    gpu = r['device'].replace('GPU NVIDIA ', '').replace(' (bf16 model)', '')
     return f"{gpu}, {r['header'].get('date', '?')[:16]}, `{r['header'].get('commit', '?')}`"
 
 
@@ -106,8 +108,9 @@ def study1(md, study='study1_recipes', use_spread=True):
     _, spread, _ = seed_spread() if use_spread else (None, None, None)
     md.append('Final val loss against fp32 with the same optimizer. Tolerance: the larger of the fp32 seed '
               'spread (max - min over study 3\'s seeds, AdamW) and 1% of the fp32 run\'s final val loss. '
-              'The release run and its twin `adamw_flash_g0` do not clip (`-g 0`); every other run clips as '
-              'its `-g` says (commands below).\n')
+              'Every run clips as its `-g` says (commands below): the release runs (`-R 1`) cannot clip while '
+              'the trainer needs `-g 0` with release, and their `_g0` twins are the same runs without '
+              'release.\n')
     if spread is None:
         md.append('No seed spread ' + ('yet (study 3 has fewer than 2 complete runs)' if use_spread else
                   'at this size (study 3 is d12)') + ': the tolerance is 1% alone.\n')
