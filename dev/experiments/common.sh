@@ -84,7 +84,7 @@ run() {
     p=$(get -p "$@")
     p=${p:-adamw}
     lrv=EXP_LR_${p^^} wdv=EXP_WD_${p^^}
-    [ -f "$EXP_TRAIN" ] && [ -f "$EXP_VAL" ] || { echo "no data $EXP_TRAIN / $EXP_VAL: make corpus"; exit 1; }
+    if [ ! -f "$EXP_TRAIN" ] || [ ! -f "$EXP_VAL" ]; then echo "no data $EXP_TRAIN / $EXP_VAL: make corpus"; exit 1; fi
     local cmd=("$TRAINER" -D "$EXP_DEVICE" -i "$EXP_TRAIN" -j "$EXP_VAL" -b "$EXP_B" -t "$EXP_T" -n "$EXP_STEPS"
                -u "$EXP_WARMUP" -q "$EXP_FINAL_LR" -v "$EXP_EVAL" -m "$EXP_VAL_BATCHES" -G 0)
     local defaults=(-e "$EXP_MODEL" -p "$p" -l "${!lrv}" -c "${!wdv}" -g "$EXP_CLIP" -R 0 -w 1 -d 1337)
