@@ -773,6 +773,74 @@ static void test_old_file(void) {
     remove(path);
 }
 
+// Flash records with bf16, fp16 and fp32 group scales written before the e6m10 scales existed
+// (test/data/state_flash_v1.bin, by commit e70c2d0, the scale dtypes named explicitly since the
+// default changed since): the same deterministic run with today's code writes the same bytes (the
+// rounded-up scales of those dtypes did not change), and the file loads and saves back byte for
+// byte. Weights: bf16 + int8, fp16 + int16, fp32; sizes not multiples of 32; some gradients of
+// 1e-9 (fp16 scales' subnormals). BNB8_TEST_WRITE_GOLDEN=1 rewrites it (only after a deliberate change).
+#define GF_A 1000
+#define GF_B 300
+#define GF_C 517
+static bnb8_optimizer *golden_flash_new(void *pa, void *pb, float *pc, void *ga, void *gb, float *gc) {
+    bnb8_optimizer *opt = NULL;
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW), o;
+    c.format = BNB8_STATE_FLASH; c.min_8bit_size = 0; c.scale_dtype = BNB8_BF16;
+    int status = bnb8_optimizer_create(&opt, BNB8_ADAMW, &c);
+    o = c; o.scale_dtype = BNB8_F16; o.correction_bytes = 2;
+    if (!status) status = bnb8_optimizer_override(opt, "b", &o);
+    o = c; o.scale_dtype = BNB8_F32;
+    if (!status) status = bnb8_optimizer_override(opt, "c", &o);
+    if (!status) status = bnb8_optimizer_add(opt, "a", pa, BNB8_BF16, ga, BNB8_BF16, GF_A, NULL);
+    if (!status) status = bnb8_optimizer_add(opt, "b", pb, BNB8_F16, gb, BNB8_F32, GF_B, NULL);
+    if (!status) status = bnb8_optimizer_add(opt, "c", pc, BNB8_F32, gc, BNB8_F32, GF_C, NULL);
+    if (status) { bnb8_optimizer_free(opt); return NULL; }
+    return opt;
+}
+static bnb8_optimizer *golden_flash_run(uint16_t *pa, uint16_t *pb, float *pc, uint16_t *ga, float *gb, float *gc) {
+    test_rng r = {20261125};
+    for (int i = 0; i < GF_A; i++) pa[i] = 0;
+    for (int i = 0; i < GF_B; i++) pb[i] = 0;
+    for (int i = 0; i < GF_C; i++) pc[i] = (float)(0.2 * (test_uniform(&r) - 0.5));
+    bnb8_optimizer *opt = golden_flash_new(pa, pb, pc, ga, gb, gc);
+    if (!opt) return NULL;
+    float w[GF_A];
+    for (int i = 0; i < GF_A; i++) w[i] = (float)(0.2 * (test_uniform(&r) - 0.5));
+    if (bnb8_optimizer_import_fp32(opt, 0, w) || bnb8_optimizer_import_fp32(opt, 1, w)) { bnb8_optimizer_free(opt); return NULL; }
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < GF_A; i++) ga[i] = bnb8_f32_to_bf16((float)(0.02 * (test_uniform(&r) - 0.5)));
+        for (int i = 0; i < GF_B; i++) gb[i] = (float)(0.02 * (test_uniform(&r) - 0.5)) * (i / 32 == 3 ? 1e-7f : 1.0f);
+        for (int i = 0; i < GF_C; i++) gc[i] = (float)(0.02 * (test_uniform(&r) - 0.5)) * (i % 37 == 0 ? 1e-9f : 1.0f);
+        if (bnb8_optimizer_step(opt, 1e-3f * (float)(step + 1), 1.0f, NULL)) { bnb8_optimizer_free(opt); return NULL; }
+    }
+    return opt;
+}
+
+static void test_old_flash_file(void) {
+    static uint16_t pa[GF_A], pb[GF_B], ga[GF_A];
+    static float pc[GF_C], gb[GF_B], gc[GF_C];
+    char golden[256], path[256];
+    snprintf(golden, sizeof golden, "%s", test_data_path("state_flash_v1.bin"));
+    path_in(path, sizeof path, "golden_flash_again.bin");
+    bnb8_optimizer *opt = golden_flash_run(pa, pb, pc, ga, gb, gc);
+    EXPECT(opt != NULL, "the golden flash run failed: %s", bnb8_last_error());
+    if (!opt) return;
+    if (getenv("BNB8_TEST_WRITE_GOLDEN")) save_checked(opt, golden);
+    save_checked(opt, path);
+    EXPECT(files_equal(golden, path), "the same run no longer writes %s byte for byte", golden);
+    bnb8_optimizer_free(opt);
+    opt = golden_flash_new(pa, pb, pc, ga, gb, gc);
+    EXPECT(opt != NULL, "create/add: %s", bnb8_last_error());
+    int status = opt ? bnb8_optimizer_load(opt, golden) : -1;
+    EXPECT(status == 0, "%s does not load: %s", golden, bnb8_last_error());
+    if (status == 0) {
+        save_checked(opt, path);
+        EXPECT(files_equal(golden, path), "%s loaded and saved again differs", golden);
+    }
+    bnb8_optimizer_free(opt);
+    remove(path);
+}
+
 // ------------------------------------------------------------------------------------------------
 
 void tests_state(void) {
@@ -787,5 +855,6 @@ void tests_state(void) {
     test_run("state: API misuse returns a status and a message", test_api_misuse);
     test_run("state: linear map and one absmax per tensor: resume, records, sizes", test_ablation_files);
     test_run("state: a file from before those options loads and is rewritten", test_old_file);
+    test_run("state: flash records with bf16, fp16, fp32 scales from before e6m10 load and are rewritten", test_old_flash_file);
     rmdir(dir);
 }
