@@ -53,7 +53,7 @@ int bnb8_fail(int status, const char *fmt, ...) {
 
 size_t bnb8_dtype_size(bnb8_dtype dtype) {
     if (dtype == BNB8_F32) return 4;
-    if (dtype == BNB8_F16 || dtype == BNB8_BF16) return 2;
+    if (dtype == BNB8_F16 || dtype == BNB8_BF16 || dtype == BNB8_E6M10) return 2;
     return 0;
 }
 
@@ -67,8 +67,15 @@ static int bnb8_check_blocksize(const char *fn, int64_t blocksize) {
     return BNB8_OK;
 }
 
+// The dtype of a tensor (f32, f16, bf16: e6m10 holds group scales only), of group scales (any).
 static int bnb8_check_dtype(const char *fn, bnb8_dtype dtype) {
-    if (bnb8_dtype_size(dtype) == 0) return bnb8_fail(BNB8_ERR_DTYPE, "%s: dtype %d", fn, (int)dtype);
+    if (bnb8_dtype_size(dtype) == 0 || dtype == BNB8_E6M10)
+        return bnb8_fail(BNB8_ERR_DTYPE, "%s: dtype %d is not f32, f16 or bf16", fn, (int)dtype);
+    return BNB8_OK;
+}
+static int bnb8_check_scale_dtype(const char *fn, bnb8_dtype dtype) {
+    if (bnb8_dtype_size(dtype) == 0)
+        return bnb8_fail(BNB8_ERR_DTYPE, "%s: scale_dtype %d is not e6m10, f32, f16 or bf16", fn, (int)dtype);
     return BNB8_OK;
 }
 
@@ -331,11 +338,11 @@ int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *cor
 static int bnb8_check_compand(const char *fn, const void *a, const void *b, const void *c, int64_t n, bnb8_dtype dt) {
     if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b || !c)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
-    return bnb8_check_dtype(fn, dt);
+    return bnb8_check_scale_dtype(fn, dt);
 }
 
 // Group g of count (<= 32) values x: its scale, the group absmax of the values' magnitudes rounded
-// up, into scales[g], and their codes (DESIGN.md §6.2). The array function and the CPU flash step.
+// in scale_dtype, into scales[g], and their codes (DESIGN.md §6.2). The array function and the CPU flash step.
 static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb8_dtype scale_dtype, void *scales,
                                int64_t g, uint8_t *codes) {
     float m[BNB8_FLASH_GROUP], amax = 0.0f;
@@ -343,8 +350,8 @@ static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb
         m[i] = bnb8_compand_magnitude(x[i], is_signed);
         amax = fmaxf(amax, m[i]);
     }
-    float scale = bnb8_scale_round_up(amax, scale_dtype);
-    bnb8_store(scales, scale_dtype, g, scale);
+    float scale = bnb8_scale_round(amax, scale_dtype);
+    bnb8_scale_store(scales, scale_dtype, g, scale);
     for (int64_t i = 0; i < count; i++) codes[i] = bnb8_compand_code(x[i], m[i], scale, is_signed);
 }
 
@@ -367,7 +374,7 @@ int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_sign
     is_signed = is_signed != 0;
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        out[i] = bnb8_expand_value(codes[i], bnb8_load(scales, scale_dtype, i / BNB8_FLASH_GROUP), is_signed);
+        out[i] = bnb8_expand_value(codes[i], bnb8_scale_load(scales, scale_dtype, i / BNB8_FLASH_GROUP), is_signed);
     return BNB8_OK;
 }
 
@@ -433,7 +440,7 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
     c.lr = 1e-3f; c.beta1 = 0.9f; c.beta2 = 0.999f; c.beta3 = 0.9999f; c.eps = 1e-8f;
     c.alpha = 0.99f; c.percentile_clipping = 100; c.format = BNB8_STATE_8BIT;
     c.blocksize = 256; c.min_8bit_size = 4096;
-    c.correction_bytes = BNB8_CORRECTION_AUTO; c.scale_dtype = BNB8_BF16;
+    c.correction_bytes = BNB8_CORRECTION_AUTO; c.scale_dtype = BNB8_E6M10;
     switch (kind) {
     case BNB8_ADAMW: c.weight_decay = 1e-2f; break;
     case BNB8_LAMB: c.max_unorm = 1.0f; break;
@@ -472,8 +479,7 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
     if (cb != BNB8_CORRECTION_AUTO && cb != 0 && cb != 1 && cb != 2 && cb != 4)
         return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not BNB8_CORRECTION_AUTO (-1), 0 (none), 1 (int8), "
                          "2 (int16) or 4 (fp32 master)", fn, cb);
-    if (bnb8_dtype_size(c->scale_dtype) == 0)
-        return bnb8_fail(BNB8_ERR_DTYPE, "%s: scale_dtype %d is not f32, f16 or bf16", fn, (int)c->scale_dtype);
+    if (bnb8_check_scale_dtype(fn, c->scale_dtype)) return BNB8_ERR_DTYPE;
     if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3 and min_8bit_size must be >= 0", fn);
     if ((int)c->map < 0 || c->map >= BNB8_NUM_MAPS)
@@ -844,7 +850,7 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
         for (int64_t grp = c * per_chunk; grp < last; grp++) {
             int64_t start = grp * G, end = start + G < t->n ? start + G : t->n;
             float fresh[3][BNB8_FLASH_GROUP], old[3];
-            for (int k = 0; k < t->nstates; k++) old[k] = bnb8_load(t->scale[k], t->scale_dtype, grp);
+            for (int k = 0; k < t->nstates; k++) old[k] = bnb8_scale_load(t->scale[k], t->scale_dtype, grp);
             for (int64_t i = start; i < end; i++) {
                 float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
                 float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
@@ -1068,6 +1074,10 @@ static uint32_t bnb8_record_format(const bnb8_tensor *t) {
 static const char *bnb8_map_name(uint32_t map) {
     return map == BNB8_MAP_DYNAMIC ? "dynamic" : map == BNB8_MAP_LINEAR ? "linear" : "unknown";
 }
+static const char *bnb8_scale_name(uint32_t dtype) {
+    const char *names[4] = {"f32", "f16", "bf16", "e6m10"};
+    return dtype < 4 ? names[dtype] : "unknown";
+}
 static int64_t bnb8_record_block(const bnb8_tensor *t) {
     return t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : t->cfg.blocksize;
 }
@@ -1212,7 +1222,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
         size_t want_bytes = t->memory_bytes + bnb8_record_weight_bytes(t);
-        uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record
+        uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record; of a flash record, its scale dtype
         if (t->format == BNB8_STATE_8BIT && (format & 0xffu) == BNB8_STATE_8BIT &&
             (map != (uint32_t)t->cfg.map || blocksize != t->cfg.blocksize)) {
             // 8-bit states of another map or block size: say so, not just that the fields differ.
@@ -1220,6 +1230,13 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
                                "optimizer has the %s map and block size %lld (0: one absmax per tensor)", fn, path, name,
                                bnb8_map_name(map), (long long)blocksize, bnb8_map_name((uint32_t)t->cfg.map),
                                (long long)t->cfg.blocksize);
+            break;
+        }
+        if (t->format == BNB8_STATE_FLASH && (format & 0xffu) == BNB8_STATE_FLASH && map != (uint32_t)t->scale_dtype) {
+            // e.g. a file from before e6m10 became the default: say which scales to configure.
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved with %s group scales; this optimizer has %s "
+                               "ones (set cfg.scale_dtype to load it)", fn, path, name, bnb8_scale_name(map),
+                               bnb8_scale_name((uint32_t)t->scale_dtype));
             break;
         }
         if (n != t->n || format != bnb8_record_format(t) || nstates != (uint32_t)t->nstates ||

@@ -47,7 +47,9 @@ extern "C" {
 #endif
 
 // ==== [api.status] dtypes, status codes, limits, error messages ==================================
-typedef enum { BNB8_F32 = 0, BNB8_F16 = 1, BNB8_BF16 = 2 } bnb8_dtype;
+// BNB8_E6M10: flash group scales only (cfg.scale_dtype): an unsigned 16-bit float, 6 exponent bits
+// (bias 40), 10 mantissa bits, 2^-49 .. BNB8_E6M10_MAX, no inf or NaN (DESIGN.md §6.2).
+typedef enum { BNB8_F32 = 0, BNB8_F16 = 1, BNB8_BF16 = 2, BNB8_E6M10 = 3 } bnb8_dtype;
 struct CUstream_st;              // cudaStream_t, for the calls that run on the GPU
 enum {
     BNB8_OK = 0,
@@ -133,7 +135,8 @@ typedef struct {
     int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
                                  // bytes, 0 (none), 1 (int8), 2 (int16), 4 (an fp32 master), or
                                  // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none
-    bnb8_dtype scale_dtype;      // flash: the group scales' type, BNB8_BF16 (default), BNB8_F16 or BNB8_F32
+    bnb8_dtype scale_dtype;      // flash: the group scales' type: BNB8_E6M10 (default: fp16's precision and
+                                 // bf16's range, nearest), BNB8_BF16 or BNB8_F16 (rounded up), BNB8_F32
 } bnb8_config;
 
 // ==== [api.optimizer] the optimizer object (DESIGN.md §5.5, §6.5, §7) ============================
@@ -191,8 +194,8 @@ int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
 int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes);
 // out[i] = narrow[i] with its correction applied (corr NULL: the narrow value widened).
 int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out);
-// Per group of 32 a scale (max |x|, or max sqrt(x) if unsigned) rounded up in scale_dtype, and the
-// codes: softsign int8 (is_signed) or sqrt uint8. Non-finite values stay out of the scale, code 0.
+// Per group of 32 a scale (max |x|, or max sqrt(x) if unsigned) rounded in scale_dtype (bnb8_scale_round), and
+// the codes: softsign int8 (is_signed) or sqrt uint8. Non-finite values stay out of the scale, code 0.
 int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales);
 // out[i] = the value of codes[i] under its group's stored scale.
 int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out);
@@ -235,6 +238,15 @@ BNB8_HD uint16_t bnb8_f32_to_bf16(float x) {
 }
 BNB8_HD float bnb8_bf16_to_f32(uint16_t h) { return bnb8_bits_f32((uint32_t)h << 16); }
 
+// The positive finite float of bits u below 2^(k + 24) in units of 2^k, rounded to nearest even
+// (the subnormals of fp16, k = -24, and of e6m10, k = -49): 0 below half a unit.
+BNB8_HD uint32_t bnb8_units_rne(uint32_t u, int k) {
+    int shift = 150 + k - (int)(u >> 23);                             // u = m 2^(e - 150), m of 24 bits
+    if (shift > 24) return 0;
+    uint32_t m = (u & 0x7fffffu) | 0x800000u, q = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    return q + (rest > half || (rest == half && (q & 1u)));
+}
+
 // float -> IEEE half, round to nearest even, with subnormals, overflow to inf, and NaN kept quiet.
 BNB8_HD uint16_t bnb8_f32_to_f16(float x) {
     uint32_t u = bnb8_f32_bits(x);
@@ -246,12 +258,7 @@ BNB8_HD uint16_t bnb8_f32_to_f16(float x) {
         uint32_t r = u - 0x38000000u;
         return (uint16_t)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));  // may carry into inf
     }
-    uint32_t e = u >> 23;                                             // subnormal half, units of 2^-24
-    if (e < 102) return sign;                                         // below 2^-25: rounds to zero
-    uint32_t m = (u & 0x7fffffu) | 0x800000u, shift = 126 - e;        // shift in 14..24
-    uint32_t k = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (k & 1u))) k++;
-    return (uint16_t)(sign | k);
+    return (uint16_t)(sign | bnb8_units_rne(u, -24));                 // subnormal half (a carry makes it normal)
 }
 BNB8_HD float bnb8_f16_to_f32(uint16_t h) {
     uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
@@ -263,7 +270,24 @@ BNB8_HD float bnb8_f16_to_f32(uint16_t h) {
     return bnb8_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-// Element i of an array of dtype, as float; and the store with round to nearest even.
+// e6m10 (flash group scales, DESIGN.md §6.2): bits e (6) m (10); e > 0: (1 + m/1024) 2^(e - 40),
+// e = 0: m 2^-49. The encoder takes a >= 0, rounds to nearest even and saturates at BNB8_E6M10_MAX
+// (0xffff) from MAX + half an ulp on; below 2^-50 (and NaN) it gives 0.
+#define BNB8_E6M10_MAX 0x1.ffcp23f
+BNB8_HD float bnb8_e6m10_to_f32(uint16_t h) {
+    if (h < 0x400u) return (float)h * 0x1p-49f;                       // zero and subnormals, exact
+    return bnb8_bits_f32(((uint32_t)h + (87u << 10)) << 13);          // rebias 40 -> 127
+}
+BNB8_HD uint16_t bnb8_f32_to_e6m10(float a) {
+    uint32_t u = bnb8_f32_bits(a);
+    if (!(a > 0.0f)) return 0;
+    if (u < (88u << 23)) return (uint16_t)bnb8_units_rne(u, -49);     // below 2^-39: subnormal (may carry to normal)
+    uint32_t r = u - (87u << 23);
+    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;                        // inf and large values pass 0xffff
+    return r > 0xffffu ? (uint16_t)0xffffu : (uint16_t)r;
+}
+
+// Element i of an array of dtype (not e6m10), as float; and the store with round to nearest even.
 BNB8_HD float bnb8_load(const void *x, bnb8_dtype dtype, int64_t i) {
     if (dtype == BNB8_F32) return ((const float *)x)[i];
     if (dtype == BNB8_BF16) return bnb8_bf16_to_f32(((const uint16_t *)x)[i]);
@@ -583,11 +607,11 @@ BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnor
 // ==== [math.flash] master weight correction and companding of one element (DESIGN.md §6) =========
 // A flash step of one group of 32 elements, on either back end:
 //   per element  p = bnb8_master_load(...); g = bnb8_load(grad, ...);
-//                s[k] = bnb8_expand_value(code_k, old scale_k, signed_k);
+//                s[k] = bnb8_expand_value(code_k, bnb8_scale_load(scales_k, scale_dtype, group), signed_k);
 //                if bnb8_isfinite(g): bnb8_master_store(..., bnb8_apply(a, p, bnb8_direction(a, p, g, s), 1))
 //                (else count it: weight, correction and s[k] stay as they were)
 //   per group    amax_k = fmaxf over the group of bnb8_compand_magnitude(s[k], signed_k), from 0.0f;
-//                scale_k = bnb8_scale_round_up(amax_k, scale_dtype); bnb8_store(scales_k, scale_dtype, group, scale_k)
+//                scale_k = bnb8_scale_round(amax_k, scale_dtype); bnb8_scale_store(scales_k, scale_dtype, group, scale_k)
 //   per element  code_k = bnb8_compand_value(s[k], scale_k, signed_k)
 
 #define BNB8_FLASH_GROUP 32
@@ -668,15 +692,29 @@ BNB8_HD float bnb8_compand_magnitude(float x, int is_signed) {
     if (is_signed) return fabsf(x);
     return x > 0.0f ? sqrtf(x) : 0.0f;
 }
-// The stored scale of a group of absmax amax >= 0: amax rounded up to dtype (so scale >= amax;
-// bf16/fp16 may round up to +inf), a value that bnb8_store(scales, dtype, g, scale) keeps exactly.
-BNB8_HD float bnb8_scale_round_up(float amax, bnb8_dtype dtype) {
+// The stored scale of a group of absmax amax >= 0 (finite), a value that bnb8_scale_store keeps
+// exactly: e6m10 rounds to nearest even (a value may exceed its scale by half an ulp, 2^-11 of it),
+// bf16 and fp16 round up (scale >= amax), fp32 keeps amax. Each saturates at its largest finite
+// value, never inf: the codes of values above it clamp at the top.
+BNB8_HD float bnb8_scale_round(float amax, bnb8_dtype dtype) {
+    if (dtype == BNB8_E6M10) return bnb8_e6m10_to_f32(bnb8_f32_to_e6m10(amax));
     if (dtype == BNB8_F32) return amax;
-    // bf16 (amax >= 0): the truncation, plus one unit where bits were cut (the carry may reach inf)
-    if (dtype == BNB8_BF16) return bnb8_bits_f32((bnb8_f32_bits(amax) + 0xffffu) & 0xffff0000u);
-    uint16_t b = bnb8_f32_to_narrow(amax, dtype);
-    if (bnb8_narrow_to_f32(b, dtype) < amax) b++;      // the next value up (0x7f7f -> inf for bf16)
-    return bnb8_narrow_to_f32(b, dtype);
+    if (dtype == BNB8_BF16) {   // the truncation, plus one unit where bits were cut
+        uint32_t u = (bnb8_f32_bits(amax) + 0xffffu) & 0xffff0000u;
+        return bnb8_bits_f32(u < 0x7f800000u ? u : 0x7f7f0000u);
+    }
+    uint16_t b = bnb8_f32_to_f16(amax);
+    if (bnb8_f16_to_f32(b) < amax) b++;               // the next value up
+    return bnb8_f16_to_f32(b < 0x7c00u ? b : 0x7bffu);
+}
+// Scale g of an array of group scales of dtype (any, e6m10 too); the store of a bnb8_scale_round value.
+BNB8_HD float bnb8_scale_load(const void *scales, bnb8_dtype dtype, int64_t g) {
+    if (dtype == BNB8_E6M10) return bnb8_e6m10_to_f32(((const uint16_t *)scales)[g]);
+    return bnb8_load(scales, dtype, g);
+}
+BNB8_HD void bnb8_scale_store(void *scales, bnb8_dtype dtype, int64_t g, float scale) {
+    if (dtype == BNB8_E6M10) ((uint16_t *)scales)[g] = bnb8_f32_to_e6m10(scale);
+    else bnb8_store(scales, dtype, g, scale);
 }
 // The code byte of a state value x in a group of stored scale s. Signed: z = x/s, softsign
 // y = 2z/(1+|z|), q = floor(127 y + 0.5) in [-127, 127] as int8. Unsigned: z = sqrt(x)/s,
@@ -768,6 +806,15 @@ BNB8_HD float bnb8_compand_rcp(float scale, int *ok) {
     return scale == 0.0f ? 0.0f : bnb8_rcp_approx(scale);
 }
 
+// The e6m10 bits of the scale of a group of absmax amax (>= 0, not NaN) for the fast codes, *ok
+// cleared unless amax is 0 or in [2^-39, BNB8_E6M10_MAX]: then the scale is 0 or normal, so that
+// no value exceeds it by more than half an ulp (2^-11 of it), and the top code's w (at most
+// 127.03 signed, 255.13 unsigned) rounds to the code the exact function clamps to.
+BNB8_HD uint32_t bnb8_scale_e6m10_fast(float amax, int *ok) {
+    *ok &= amax == 0.0f || (amax >= 0x1p-39f && amax <= BNB8_E6M10_MAX);
+    return bnb8_f32_to_e6m10(amax);
+}
+
 // w (|w| < 2^22) nearest to an integer k, as k's low byte; *ok cleared when w is within
 // BNB8_NEAR_CODE of a tie, or NaN. 1.5 * 2^23 makes the float add round w to an integer.
 BNB8_HD uint32_t bnb8_code_round(float w, int *ok) {
@@ -776,14 +823,15 @@ BNB8_HD uint32_t bnb8_code_round(float w, int *ok) {
     return bnb8_f32_bits(m) & 0xffu;
 }
 
-// bnb8_compand_value(x, scale, 1) for |x| <= scale (a group's scale covers its values), from
+// bnb8_compand_value(x, scale, 1) for |x| <= scale (a group's scale covers its values; or up to
+// half an ulp above an e6m10 scale vouched for by bnb8_scale_e6m10_fast), from
 // r254 = 254 * bnb8_compand_rcp(scale): 127 y = 254 z / (1 + |z|) = z254 / (1 + |z254| / 254).
 BNB8_HD uint32_t bnb8_compand_signed_fast(float x, float r254, int *ok) {
     float z = x * r254;
     return bnb8_code_round(z * bnb8_rcp_approx(fmaf(fabsf(z), 1.0f / 254.0f, 1.0f)), ok);
 }
 
-// bnb8_compand_value(v, scale, 0) from root = sqrtf(v) (v >= 0, or not finite), for root <= scale,
+// bnb8_compand_value(v, scale, 0) from root = sqrtf(v) (v >= 0, or not finite), for root <= scale (or as above),
 // from r255 = 255 * bnb8_compand_rcp(scale): 255 root / scale. The exact code's m is that root.
 BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
     return bnb8_code_round(root * r255, ok);

@@ -325,7 +325,8 @@ static int bnb8_cuda_check_blockwise(const char *fn, const void *a, const void *
     if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
     if (blocksize < 64 || blocksize > 4096 || (blocksize & (blocksize - 1)))
         return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld", fn, (long long)blocksize);
-    if (bnb8_dtype_size(dtype) == 0) return bnb8_fail(BNB8_ERR_DTYPE, "%s: dtype %d", fn, (int)dtype);
+    if (bnb8_dtype_size(dtype) == 0 || dtype == BNB8_E6M10)   // e6m10 holds group scales only
+        return bnb8_fail(BNB8_ERR_DTYPE, "%s: dtype %d is not f32, f16 or bf16", fn, (int)dtype);
     if (n == 0) return BNB8_OK;
     if (!a || !b || !c || !d) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     const void *ptrs[4] = {a, b, c, d};
@@ -896,8 +897,8 @@ __device__ __forceinline__ void bnb8_masters_store4(const bnb8_gpu_tensor &t, bn
 // the update in float32, the new weights and corrections; then per flash state and group of 32
 // (8 lanes: a lane holds 4 consecutive elements of a row) the new absmax, its stored scale and the
 // codes against it. A non-finite gradient's element keeps its weight bits, correction and states.
-// DEF: the default configuration (flash states, bf16 weights with int8 corrections, bf16 gradients
-// and scales), with its dtypes known at compile time: no run-time choice between conversions.
+// DEF: the default configuration (flash states, bf16 weights with int8 corrections, bf16 gradients,
+// e6m10 scales), with its dtypes known at compile time: no run-time choice between conversions.
 template <int R, int KIND, bool FULL, bool DEF>
 __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
     const bnb8_flash_smem &fs = bnb8_flash_tables;
@@ -906,7 +907,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
     const bool vec = FULL || sm.vec;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
     const int nstates = args.nstates, cb = DEF ? 1 : t.correction_bytes, flash = DEF || t.format == BNB8_STATE_FLASH;
-    const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype, sdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.scale_dtype;
+    const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype, sdt = DEF ? BNB8_E6M10 : (bnb8_dtype)t.scale_dtype;
     const int gdt = DEF ? BNB8_BF16 : t.grad_dtype;
     constexpr int S = bnb8_max_states(KIND);
     float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
@@ -930,7 +931,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
             int64_t i = base + bnb8_offset<R>(r);
             if (!flash) { bnb8_load4(t.state[k], BNB8_F32, i, lim, vec, s[r][k]); continue; }
             codes[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, lim, vec);
-            scale[k][r] = FULL || i < n ? bnb8_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP) : 0.0f;
+            scale[k][r] = FULL || i < n ? bnb8_scale_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP) : 0.0f;
         }
     }
     // The masters and the expanded states.
@@ -1012,8 +1013,8 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
                 if (FULL || i + j < n) amax = fmaxf(amax, m[j]);
             }
             amax = bnb8_group_max<BNB8_FLASH_GROUP / 4>(amax);
-            float sc = bnb8_scale_round_up(amax, sdt);
-            if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
+            float sc = bnb8_scale_round(amax, sdt);
+            if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_scale_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
             uint32_t q = 0;
             #pragma unroll
             for (int j = 0; j < 4; j++) q |= (uint32_t)bnb8_compand_code(s[r][k][j], m[j], sc, is_signed) << (8 * j);
@@ -1073,7 +1074,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
     uint8_t *corr = (uint8_t *)t.correction + base;                  // (R * 1024) int8
     const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
     uint8_t *state[S];                                               // (R * 1024) codes
-    uint16_t *scales[S];                                             // (R * 32) bf16 per state
+    uint16_t *scales[S];                                             // (R * 32) e6m10 per state
     #pragma unroll
     for (int k = 0; k < S; k++) {
         state[k] = (uint8_t *)t.state[k] + base;
@@ -1103,7 +1104,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         }
     }
     #pragma unroll
-    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_bf16_to_f32(scales[k][o / BNB8_FLASH_GROUP]) : 0.0f;
+    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_e6m10_to_f32(scales[k][o / BNB8_FLASH_GROUP]) : 0.0f;
     if (next) {                  // the same elements of the next chunk (a full one of this tensor)
         bnb8_prefetch(param + o + R * BNB8_ROW);
         bnb8_prefetch(grad + o + R * BNB8_ROW);
@@ -1115,10 +1116,9 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
                 bnb8_prefetch(scales[k] + (o + R * BNB8_ROW) / BNB8_FLASH_GROUP);   // a line per chunk at 2 rows
             }
     }
-    // The masters and the expanded states (code 0's unit is 0: its value 0 whatever a finite scale).
+    // The masters and the expanded states (code 0's unit is 0: its value 0 under every e6m10 scale,
+    // all finite).
     int ok = 1;
-    #pragma unroll
-    for (int k = 0; k < S; k++) ok &= k >= nstates || bnb8_isfinite(scale[k]);
     #pragma unroll
     for (int r = 0; r < R; r++) {
         #pragma unroll
@@ -1161,8 +1161,9 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
                 nc[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], nb[r][h] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
         }
     }
-    // The states: per group of 32 (LANES lanes), the scale and the codes. A non-finite value (the
-    // group's max would be inf: fmaxf skips NaN) sends the warp to the exact path, which leaves it out.
+    // The states: per group of 32 (LANES lanes), the scale and the codes. A group max other than 0
+    // or in e6m10's normal range (an infinite value, a tiny or saturated scale) sends the warp to the
+    // exact path; a NaN (which fmaxf skips) is not vouched for, and its code is redone exactly.
     static_assert(KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION,
                   "an unsigned state here is the Adam family's second moment, held as its root");
     uint32_t q[S][R], sc[S];
@@ -1176,10 +1177,9 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
             #pragma unroll
             for (int j = 0; j < 4; j++) amax = fmaxf(amax, is_signed ? fabsf(s[r][k][j]) : s[r][k][j]);
         amax = bnb8_group_max<LANES>(amax);
-        ok &= bnb8_isfinite(amax);
-        const float scale_k = bnb8_scale_round_up(amax, BNB8_BF16);
+        sc[k] = bnb8_scale_e6m10_fast(amax, &ok);   // = bnb8_scale_round(amax, BNB8_E6M10), vouched
+        const float scale_k = bnb8_e6m10_to_f32((uint16_t)sc[k]);
         const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
-        sc[k] = bnb8_f32_bits(scale_k) >> 16;
         #pragma unroll
         for (int r = 0; r < R; r++) {
             int vouched = 1;
@@ -1281,7 +1281,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                     sm.shift = bnb8_absmax_shift(t);
                     sm.vec = bnb8_tensor_vec(t);
                     sm.def = t->format == BNB8_STATE_FLASH && t->param_dtype == BNB8_BF16 && t->correction_bytes == 1 &&
-                             t->grad_dtype == BNB8_BF16 && t->scale_dtype == BNB8_BF16;
+                             t->grad_dtype == BNB8_BF16 && t->scale_dtype == BNB8_E6M10;
                 }
                 __syncthreads();
                 next_tensor_chunk = ti + 1 < count ? tensors[ti + 1].first_chunk : total;

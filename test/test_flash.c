@@ -9,9 +9,12 @@ inputs, every element checked.
      one only where the float product sits on a rounding tie), the error is at most ulp/508 (int8)
      or one fp32 ulp (int16) and never larger than the plain narrow value's. BNB8_TEST_FULL=1
      (`make test-full`) runs all 256 exponents.
-  2. Companded states: codes against a double reference, the stored scale is the smallest value of
-     its dtype >= the group absmax, round-trip cosine > 0.9999 and mean error <= 1.6 absmax/255 on
-     randn, tiny (1e-8) and mixed-scale data, and the tail group no worse than 2x the interior.
+  2. Companded states: the e6m10 scale format against a table of its values decoded here (nearest
+     encode, saturation, no flush from 1e-10 on); codes against a double reference, the stored scale
+     the nearest e6m10 value of the group absmax, or the smallest bf16 / fp16 value >= it, each
+     saturating at its largest finite value; round-trip cosine > 0.9999 and mean error <= 1.6
+     absmax/255 on randn, tiny (1e-8) and mixed-scale data, and the tail group no worse than 2x the
+     interior.
   3. Flash AdamW / Adam / SGD (momentum, nesterov) / Lion against a double reference of §5.3 on
      W_end - W_0 after 10 steps: cos > 0.99 and NMSE < 0.01 for fp32 weights and for corrected
      bf16 / fp16 weights, with every scale dtype; uncorrected bf16 / fp16 weights cos > 0.975 and
@@ -26,6 +29,9 @@ inputs, every element checked.
   6. The optimizer object: export / import of the fp32 master, save -> load -> continue is
      bit-identical (the file restores the corrected weights), mismatched files are refused,
      7.125 / 5.125 persistent bytes per parameter, min_8bit_size, misuse.
+  7. Master weights of every kind with every state format against the same run on fp32 weights.
+  8. Scale accuracy: on issue P10's run at 2^15 elements, e6m10 scales end within 2% of fp32
+     scales' distance from fp32 AdamW (and bf16 scales, rounded up, do not).
 
 The library's flash states are read from its state file (layout in bnb8.c: per record the
 gradient-norm history, the scales of each state, the correction, the codes of each state, then the
@@ -38,12 +44,15 @@ corrected weights). BNB8_TEST_VERBOSE=1 prints the measured numbers.
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <float.h>
 
 static int verbose, full;
 static char fdir[64];
 
 static void fpath(char *path, size_t size, const char *name) { snprintf(path, size, "%s/%s", fdir, name); }
-static const char *dt_name(bnb8_dtype dt) { return dt == BNB8_F32 ? "f32" : dt == BNB8_BF16 ? "bf16" : "f16"; }
+static const char *dt_name(bnb8_dtype dt) {
+    return dt == BNB8_F32 ? "f32" : dt == BNB8_BF16 ? "bf16" : dt == BNB8_E6M10 ? "e6m10" : "f16";
+}
 
 static float bits_f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static uint32_t f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -55,7 +64,14 @@ static double f16_value(uint16_t h) {
     double v = e == 0 ? ldexp((double)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024.0 + m, e - 25);
     return (h & 0x8000) ? -v : v;
 }
-static double narrow_value(uint16_t h, bnb8_dtype dt) { return dt == BNB8_BF16 ? bf16_value(h) : f16_value(h); }
+// e6m10 (DESIGN.md §6.2): exponent e (6 bits, bias 40), mantissa m (10 bits); e = 0: m 2^-49.
+static double e6m10_value(uint16_t h) {
+    int e = h >> 10, m = h & 1023;
+    return e == 0 ? ldexp((double)m, -49) : ldexp(1024.0 + m, e - 50);
+}
+static double narrow_value(uint16_t h, bnb8_dtype dt) {
+    return dt == BNB8_BF16 ? bf16_value(h) : dt == BNB8_E6M10 ? e6m10_value(h) : f16_value(h);
+}
 // Element i of an array of dt, which may sit at any byte offset (arrays parsed out of a state file).
 static double dtype_value(const void *a, bnb8_dtype dt, int64_t i) {
     const uint8_t *bytes = (const uint8_t *)a;
@@ -236,10 +252,21 @@ static void test_ecc_values(void) {
 // ------------------------------------------------------------------------------------------------
 // 2. Companded states
 
-// The smallest value of dtype >= a (a >= 0), found here by stepping through the representable values.
-static int scale_is_least_upper(double s, uint32_t bits, bnb8_dtype dt, double a) {
-    if (!(s >= a)) return 0;
+// Whether s (bits) is the stored scale of a group of absmax a >= 0 (DESIGN.md §6.2), from the
+// neighbouring values of the dtype: e6m10 the nearest (a tie: even bits), bf16 / f16 the smallest
+// value >= a, f32 a itself; above the largest finite value each stores that value.
+static int scale_is_stored(double s, uint32_t bits, bnb8_dtype dt, double a) {
     if (dt == BNB8_F32) return s == (double)(float)a;
+    const double top = dt == BNB8_E6M10 ? e6m10_value(0xffff) : dt == BNB8_BF16 ? bf16_value(0x7f7f) : 65504.0;
+    if (dt == BNB8_E6M10) {
+        if (a >= top + ldexp(1.0, 12)) return bits == 0xffff;            // MAX + half its ulp and above
+        double d = fabs(s - a), lo = bits ? fabs(e6m10_value((uint16_t)(bits - 1)) - a) : INFINITY;
+        double hi = bits < 0xffff ? fabs(e6m10_value((uint16_t)(bits + 1)) - a) : INFINITY;
+        if (lo < d || hi < d) return 0;
+        return (lo > d && hi > d) || (bits & 1) == 0;
+    }
+    if (a > top) return s == top;
+    if (!(s >= a)) return 0;
     if ((bits & 0x7fff) == 0) return a == 0.0;
     return narrow_value((uint16_t)(bits - 1), dt) < a;
 }
@@ -268,7 +295,7 @@ static compand_stats compand_check(const float *x, int64_t n, int is_signed, bnb
         }
         double s = dtype_value(scales, sdt, g);
         uint32_t sbits = sdt == BNB8_F32 ? f_bits(((float *)scales)[g]) : ((uint16_t *)scales)[g];
-        if (!scale_is_least_upper(s, sbits, sdt, amax)) {
+        if (!scale_is_stored(s, sbits, sdt, amax)) {
             if (scale_bad++ == 0) EXPECT(0, "%s: group %lld absmax %.9g stored as %.9g", label, (long long)g, amax, s);
         }
         for (int64_t i = s0; i < s1; i++) {
@@ -278,7 +305,8 @@ static compand_stats compand_check(const float *x, int64_t n, int is_signed, bnb
             if (s > 0) {
                 double z = is_signed ? xv / s : sqrt(xv) / s;
                 t = is_signed ? 2.0 * z / (1.0 + fabs(z)) * 127.0 + 0.5 : z * 255.0 + 0.5;
-                qr = (int)floor(t);
+                qr = (int)floor(t);   // clamped: e6m10 scales may lie half an ulp below the absmax
+                qr = is_signed ? (qr < -127 ? -127 : qr > 127 ? 127 : qr) : (qr > 255 ? 255 : qr);
             }
             if (q != qr && !(abs(q - qr) == 1 && fabs(t - floor(t + 0.5)) < 1e-4)) {
                 if (code_miss++ == 0) EXPECT(0, "%s: x[%lld] = %.9g, scale %.9g: code %d, reference %d", label, (long long)i, xv, s, q, qr);
@@ -327,10 +355,10 @@ static void test_compand(void) {
     const int64_t n = 32 * 8192 + 17;
     float *x = malloc(sizeof(float) * (size_t)n), *v = malloc(sizeof(float) * (size_t)n);
     if (!x || !v) { EXPECT(0, "out of memory"); free(x); free(v); return; }
-    const bnb8_dtype sdts[3] = {BNB8_BF16, BNB8_F16, BNB8_F32};
+    const bnb8_dtype sdts[4] = {BNB8_E6M10, BNB8_BF16, BNB8_F16, BNB8_F32};
     for (int d = 0; d < 4; d++) {
         compand_data(x, v, n, d);
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < 4; k++)
             for (int is_signed = 1; is_signed >= 0; is_signed--) {
                 char label[160];
                 snprintf(label, sizeof label, "%s %s, %s scales", is_signed ? "signed" : "unsigned (x^2)", compand_data_names[d], dt_name(sdts[k]));
@@ -352,7 +380,7 @@ static void test_compand(void) {
     const int tails[3] = {9, 17, 31};
     double worst_ratio = 0;
     for (int d = 0; d < 4; d++)
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < 4; k++)
             for (int is_signed = 1; is_signed >= 0; is_signed--) {
                 double tail_err = 0, int_err = 0;
                 int64_t tail_n = 0, int_n = 0;
@@ -382,6 +410,97 @@ static void test_compand(void) {
     z[41] = NAN; z[42] = INFINITY;
     EXPECT(bnb8_compand(z, 70, 1, BNB8_BF16, codes, sc) == 0 && sc[1] == 0x4040 && codes[41] == 0 && codes[42] == 0, "NaN, inf");
     free(x); free(v);
+}
+
+// The e6m10 scale format against a table of its 65536 values decoded here (e6m10_value): every
+// value decodes exactly and in order; the encoder gives the nearest value (ties: even bits) for
+// each value, both neighbours of every midpoint between two values, the midpoints themselves and
+// random floats of every fp32 exponent, found here by binary search in the table; above MAX + half
+// an ulp it saturates at 0xffff, 0 / NaN / negative give 0; and from 1e-10 to 1e30 no value is
+// flushed: the round trip is within 2^-11 relative up to MAX, MAX beyond.
+static uint16_t e6m10_nearest(const double *table, double a) {
+    if (!(a > 0)) return 0;
+    if (a >= table[0xffff] + ldexp(1.0, 12)) return 0xffff;
+    int lo = 0, hi = 0xffff;                     // table[lo] <= a < table[hi], or a at the top
+    if (a >= table[hi]) return 0xffff;
+    while (hi - lo > 1) { int mid = (lo + hi) / 2; if (table[mid] <= a) lo = mid; else hi = mid; }
+    double dl = a - table[lo], dh = table[hi] - a;
+    return (uint16_t)(dl < dh ? lo : dh < dl ? hi : (lo & 1) ? hi : lo);
+}
+static void test_e6m10(void) {
+    static double table[65536];
+    int64_t bad_decode = 0, bad_encode = 0, checked = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        table[h] = e6m10_value((uint16_t)h);
+        float f = bnb8_e6m10_to_f32((uint16_t)h);
+        if (((double)f != table[h] || (h && !(table[h] > table[h - 1]))) && bad_decode++ < 5)
+            EXPECT(0, "e6m10 0x%04x decodes to %a, reference %a", h, (double)f, table[h]);
+    }
+    EXPECT(table[0xffff] == (double)BNB8_E6M10_MAX && table[1] == 0x1p-49 && table[0x400] == 0x1p-39,
+           "range: max %a, smallest %a, smallest normal %a", table[0xffff], table[1], table[0x400]);
+    test_rng rng = test_rng_new();
+#define E6M10_CHECK(x) do {                                                                                   \
+        float x_ = (x);                                                                                       \
+        uint16_t got_ = bnb8_f32_to_e6m10(x_), want_ = e6m10_nearest(table, (double)x_);                      \
+        checked++;                                                                                            \
+        if (got_ != want_ && bad_encode++ < 5) EXPECT(0, "e6m10 of %a: 0x%04x, nearest 0x%04x", (double)x_, got_, want_); \
+    } while (0)
+    for (uint32_t h = 0; h < 65536; h++) {
+        float v = (float)table[h];
+        E6M10_CHECK(v); E6M10_CHECK(nextafterf(v, 0.0f)); E6M10_CHECK(nextafterf(v, INFINITY));
+        double mid = h < 0xffff ? 0.5 * (table[h] + table[h + 1]) : table[h] + ldexp(1.0, 12);   // exact in float
+        float m = (float)mid;
+        EXPECT(m == mid, "midpoint above 0x%04x is not a float", h);
+        E6M10_CHECK(m); E6M10_CHECK(nextafterf(m, 0.0f)); E6M10_CHECK(nextafterf(m, INFINITY));
+    }
+    for (uint32_t e = 0; e < 255; e++)
+        for (int k = 0; k < 2000; k++) E6M10_CHECK(bits_f(e << 23 | (uint32_t)(test_u64(&rng) & 0x7fffff)));
+    E6M10_CHECK(0x1p-50f); E6M10_CHECK(0x1.000002p-50f); E6M10_CHECK(0x1.8p-49f); E6M10_CHECK(FLT_MAX);
+#undef E6M10_CHECK
+    EXPECT(bad_encode == 0, "%lld of %lld encodes differ from the nearest value", (long long)bad_encode, (long long)checked);
+    EXPECT(bnb8_f32_to_e6m10(0.0f) == 0 && bnb8_f32_to_e6m10(-0.0f) == 0 && bnb8_f32_to_e6m10(NAN) == 0 &&
+           bnb8_f32_to_e6m10(-1.0f) == 0 && bnb8_f32_to_e6m10(INFINITY) == 0xffff, "zero, NaN, negative, inf");
+    double worst = 0;
+    for (int i = 0; i <= 4000; i++) {
+        double a = pow(10.0, -10.0 + 40.0 * i / 4000.0);
+        float x = (float)a, y = bnb8_scale_round(x, BNB8_E6M10);
+        double want = x <= BNB8_E6M10_MAX ? (double)x : (double)BNB8_E6M10_MAX, err = fabs((double)y - want) / want;
+        worst = x <= BNB8_E6M10_MAX ? fmax(worst, err) : worst;
+        EXPECT(err <= 0x1p-11, "1e-10..1e30: %.6g stored as %.6g", (double)x, (double)y);
+    }
+    printf("    e6m10: %lld encodes nearest, 65536 decodes exact; 1e-10..%.3g within %.3g relative (bar 2^-11), saturated above\n",
+           (long long)checked, (double)BNB8_E6M10_MAX, worst);
+}
+
+// Scales saturate at their dtype's largest finite value, never inf (a group absmax of 3.39e38 rounded
+// up to bf16 was inf): the group {3.39e38, 0, 1, -2} of every scale dtype stores a finite scale, code 0
+// decodes to exactly 0, and the large value decodes to min(itself, the largest scale) within the top
+// code's rounding (2^-11, the half ulp of e6m10). The same group as a second moment (its roots the
+// magnitudes), except bf16: its root scale 1.84e19 rounds up to 2^64, whose square is inf (only
+// second moments within 2^-7 of FLT_MAX, gradients of 1.8e19, meet this).
+static void test_scale_saturation(void) {
+    const bnb8_dtype sdts[4] = {BNB8_E6M10, BNB8_BF16, BNB8_F16, BNB8_F32};
+    const double tops[4] = {BNB8_E6M10_MAX, 0x1.fep127, 65504.0, FLT_MAX};
+    float x[4] = {3.39e38f, 0.0f, 1.0f, -2.0f}, y[4];
+    for (int k = 0; k < 4; k++) {
+        uint8_t codes[4];
+        float scales[1];
+        for (int is_signed = 1; is_signed >= (sdts[k] == BNB8_BF16); is_signed--) {
+            int ok = bnb8_compand(x, 4, is_signed, sdts[k], codes, scales) == 0 &&
+                     bnb8_expand(codes, scales, 4, is_signed, sdts[k], y) == 0;
+            double s = dtype_value(scales, sdts[k], 0);
+            double big = is_signed ? 3.39e38 : sqrt((double)3.39e38f), want = fmin(big, tops[k]);
+            want = is_signed ? want : want * want;
+            int fine = ok && isfinite(s) && codes[1] == 0 && f_bits(y[1]) == 0;
+            for (int i = 0; i < 4; i++) fine &= isfinite(y[i]);
+            fine &= isfinite(want) ? fabs((double)y[0] - want) <= 0x1p-10 * want : 0;
+            EXPECT(fine, "%s scales, %s: scale %g, decoded %g %g %g %g (want %g first)", dt_name(sdts[k]),
+                   is_signed ? "signed" : "unsigned", s, (double)y[0], (double)y[1], (double)y[2], (double)y[3], want);
+            if (!is_signed) continue;
+            float r = bnb8_scale_round(3.39e38f, sdts[k]);
+            EXPECT((double)r == fmin(tops[k], (double)3.39e38f), "%s: 3.39e38 rounds to %g", dt_name(sdts[k]), (double)r);
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -481,12 +600,13 @@ out:
 static void test_flash_vs_reference(void) {
     const int64_t n = 32 * 2000 + 13;
     struct { bnb8_dtype pdt; int cb; bnb8_dtype sdt; const char *what; } cfgs[] = {
-        {BNB8_F32, 1, BNB8_BF16, "f32 weights"},
-        {BNB8_BF16, 1, BNB8_BF16, "bf16 + int8"},
-        {BNB8_BF16, 2, BNB8_BF16, "bf16 + int16"},
-        {BNB8_BF16, 0, BNB8_BF16, "bf16, no ECC"},
-        {BNB8_F16, 1, BNB8_BF16, "f16 + int8"},
-        {BNB8_F16, 0, BNB8_BF16, "f16, no ECC"},
+        {BNB8_F32, 1, BNB8_E6M10, "f32 weights"},
+        {BNB8_BF16, 1, BNB8_E6M10, "bf16 + int8"},
+        {BNB8_BF16, 2, BNB8_E6M10, "bf16 + int16"},
+        {BNB8_BF16, 0, BNB8_E6M10, "bf16, no ECC"},
+        {BNB8_F16, 1, BNB8_E6M10, "f16 + int8"},
+        {BNB8_F16, 0, BNB8_E6M10, "f16, no ECC"},
+        {BNB8_BF16, 1, BNB8_BF16, "bf16 + int8, bf16 scales"},
         {BNB8_BF16, 1, BNB8_F16, "bf16 + int8, f16 scales"},
         {BNB8_BF16, 1, BNB8_F32, "bf16 + int8, f32 scales"},
     };
@@ -494,7 +614,7 @@ static void test_flash_vs_reference(void) {
     for (int k = 0; k < 5; k++) {
         test_rng sr = test_rng_new();
         uint64_t seed = test_u64(&sr);
-        double nmse[8], cosv[8];
+        double nmse[9], cosv[9];
         for (int j = 0; j < ncfg; j++) {
             delta_stats r = flash_vs_reference(&kinds[k], cfgs[j].pdt, cfgs[j].cb, cfgs[j].sdt, n, seed);
             // fp32 weights and corrected bf16/fp16 weights: the fp32 bars (stricter than the bf16
@@ -786,16 +906,17 @@ static void test_export_import(void) {
 // values in the others, loads, takes the same steps. B's weights and its final file equal A's, byte
 // for byte. Mismatched files are refused.
 typedef struct { const char *name; int64_t n; bnb8_dtype pdt; int cb; bnb8_dtype sdt; bnb8_state_format fmt; int pc; } fspec;
-#define NSPEC 8
+#define NSPEC 9
 static const fspec fspecs[NSPEC] = {
-    {"bf16_int8", 5000, BNB8_BF16, 1, BNB8_BF16, BNB8_STATE_FLASH, 0},
+    {"bf16_int8", 5000, BNB8_BF16, 1, BNB8_E6M10, BNB8_STATE_FLASH, 0},
+    {"bf16_int8_bf16scales", 4111, BNB8_BF16, 1, BNB8_BF16, BNB8_STATE_FLASH, 0},
     {"f32", 4100, BNB8_F32, 1, BNB8_F16, BNB8_STATE_FLASH, 1},
     {"f16_int16_small", 300, BNB8_F16, 2, BNB8_BF16, BNB8_STATE_FLASH, 0},   // under min_8bit_size: 32-bit states
     {"bf16_plain_f32scales", 4133, BNB8_BF16, 0, BNB8_F32, BNB8_STATE_FLASH, 0},
     {"f16_int8_pc", 6001, BNB8_F16, 1, BNB8_F16, BNB8_STATE_FLASH, 1},
     {"eight_bit", 4500, BNB8_BF16, 1, BNB8_BF16, BNB8_STATE_8BIT, 0},
     {"eight_bit_fp32_master", 4600, BNB8_BF16, 4, BNB8_BF16, BNB8_STATE_8BIT, 1},
-    {"f16_fp32_master", 4200, BNB8_F16, 4, BNB8_BF16, BNB8_STATE_FLASH, 0},
+    {"f16_fp32_master", 4200, BNB8_F16, 4, BNB8_E6M10, BNB8_STATE_FLASH, 0},
 };
 
 typedef struct { bnb8_optimizer *opt; void *p[NSPEC], *g[NSPEC]; } fmodel;
@@ -812,7 +933,7 @@ static int fmodel_new(fmodel *m, bnb8_optim kind, const fspec *spec_in, int vari
         bnb8_config o = c;
         o.correction_bytes = spec[j].cb; o.scale_dtype = spec[j].sdt; o.format = spec[j].fmt;
         if (spec[j].pc) o.percentile_clipping = 90;
-        if (variant == j) o.scale_dtype = o.scale_dtype == BNB8_BF16 ? BNB8_F16 : BNB8_BF16;   // a mismatching twin
+        if (variant == j) o.scale_dtype = o.scale_dtype == BNB8_BF16 ? BNB8_E6M10 : BNB8_BF16;   // a mismatching twin
         if (variant == NSPEC + j) o.correction_bytes = o.correction_bytes == 1 ? 2 : 1;
         if (bnb8_optimizer_override(m->opt, spec[j].name, &o)) return 0;
         size_t es = bnb8_dtype_size(spec[j].pdt);
@@ -873,7 +994,8 @@ static void test_flash_resume(void) {
             fmodel m;
             if (!fmodel_new(&m, kk[k], fspecs, variant)) { EXPECT(0, "%s", bnb8_last_error()); fmodel_free(&m); continue; }
             EXPECT(bnb8_optimizer_save(m.opt, f3) == 0, "save");
-            EXPECT(bnb8_optimizer_load(m.opt, f2) == BNB8_ERR_FORMAT && strstr(bnb8_last_error(), "format"),
+            EXPECT(bnb8_optimizer_load(m.opt, f2) == BNB8_ERR_FORMAT &&
+                   strstr(bnb8_last_error(), variant < NSPEC ? "group scales" : "format"),   // scales: which to set
                    "variant %d loaded a mismatched file: %s", variant, bnb8_last_error());
             size_t nv;
             uint8_t *dv = test_slurp(f3, &nv);
@@ -914,6 +1036,7 @@ static void test_flash_resume(void) {
 static void test_memory(void) {
     const int64_t n = 32 * 4096;
     struct { bnb8_optim kind; bnb8_dtype pdt; int cb; bnb8_dtype sdt; double total, release; const char *what; } cs[] = {
+        {BNB8_ADAMW, BNB8_BF16, 1, BNB8_E6M10, 7.125, 5.125, "AdamW bf16 + int8, e6m10 scales"},
         {BNB8_ADAMW, BNB8_BF16, 1, BNB8_BF16, 7.125, 5.125, "AdamW bf16 + int8, bf16 scales"},
         {BNB8_ADAMW, BNB8_BF16, 1, BNB8_F16, 7.125, 5.125, "AdamW bf16 + int8, f16 scales"},
         {BNB8_ADAMW, BNB8_BF16, 1, BNB8_F32, 7.25, 5.25, "AdamW bf16 + int8, f32 scales"},
@@ -999,6 +1122,7 @@ static void test_flash_misuse(void) {
     MISUSE(bnb8_ecc_decode(nar, BNB8_BF16, corr, 0, 64, y), "ecc_decode: corr_bytes 0 with corr");
     MISUSE(bnb8_ecc_decode(nar, BNB8_BF16, corr, 1, 64, NULL), "ecc_decode: out NULL");
     MISUSE(bnb8_compand(x, 64, 1, (bnb8_dtype)4, codes, sc), "compand: scale dtype 4");
+    MISUSE(bnb8_quantize_blockwise(x, BNB8_E6M10, 64, y, 64, codes, y), "quantize: e6m10 is a scale dtype only");
     MISUSE(bnb8_compand(x, 64, 1, BNB8_BF16, NULL, sc), "compand: codes NULL");
     MISUSE(bnb8_compand(x, -3, 1, BNB8_BF16, codes, sc), "compand: n -3");
     MISUSE(bnb8_expand(codes, NULL, 64, 1, BNB8_BF16, y), "expand: scales NULL");
@@ -1011,6 +1135,8 @@ static void test_flash_misuse(void) {
     EXPECT(bnb8_optimizer_create(&o, BNB8_ADAMW, &c) == 0, "create: %s", bnb8_last_error());
     uint16_t p[64] = {0}, g[64] = {0};
     EXPECT(bnb8_optimizer_add(o, "w", p, BNB8_BF16, g, BNB8_BF16, 64, NULL) == 0, "add: %s", bnb8_last_error());
+    MISUSE(bnb8_optimizer_add(o, "e", p, BNB8_E6M10, g, BNB8_BF16, 64, NULL), "add: e6m10 weights");
+    MISUSE(bnb8_optimizer_add(o, "e", p, BNB8_BF16, g, BNB8_E6M10, 64, NULL), "add: e6m10 gradients");
     MISUSE(bnb8_optimizer_export_fp32(o, 1, y), "export: id 1 of 1");
     MISUSE(bnb8_optimizer_export_fp32(o, -1, y), "export: id -1");
     MISUSE(bnb8_optimizer_export_fp32(o, 0, NULL), "export: out NULL");
@@ -1132,6 +1258,57 @@ static void test_fast_compand(void) {
         if (verbose) printf("    fast %s codes: %lld of %lld vouched for\n", is_signed ? "signed" : "unsigned",
                             (long long)vouched, (long long)tried);
     }
+    // e6m10 scales (the default), rounded to nearest: groups of absmax amax of every binade and
+    // beyond (subnormal scales and saturation are refused), values up to amax, which may lie half
+    // an ulp above the scale: amax itself and its float neighbours below, random values, and values
+    // next to each code boundary of the stored scale.
+    for (int is_signed = 0; is_signed < 2; is_signed++) {
+        int64_t tried = 0, vouched = 0, wrong = 0, refused_wrongly = 0;
+        for (int e = -52; e <= 26; e++) {
+            for (int rep = 0; rep < 24; rep++) {
+                float amax = (float)ldexp(1.0 + test_uniform(&rng), e);
+                if (rep == 1) amax = (float)ldexp(1.0, e);
+                int scale_ok = 1;
+                uint16_t sb = (uint16_t)bnb8_scale_e6m10_fast(amax, &scale_ok);
+                float scale = bnb8_e6m10_to_f32(sb);
+                if (scale_ok != (amax >= 0x1p-39f && amax <= BNB8_E6M10_MAX) && refused_wrongly++ < 5)
+                    EXPECT(0, "e6m10 scale of absmax %a: vouched %d", (double)amax, scale_ok);
+                int rcp_ok = 1;
+                float r = bnb8_compand_rcp(scale, &rcp_ok);
+                for (int k = 0; k < 600; k++) {
+                    float x;
+                    if (k < 8) x = k < 4 ? amax : nextafterf(amax, 0.0f);
+                    else if (k < 88) x = (float)((test_uniform(&rng) * 2 - 1) * amax);
+                    else {
+                        double c = is_signed ? 1 + (k - 88) % 254 - 127.5 : 1 + (k - 88) % 255 - 0.5;
+                        double y = c / (is_signed ? 127.0 : 255.0), z = is_signed ? y / (2 - fabs(y)) : y;
+                        x = (float)(z * scale);
+                        int steps = (int)(test_u64(&rng) % 9) - 4;
+                        for (; steps > 0; steps--) x = nextafterf(x, INFINITY);
+                        for (; steps < 0; steps++) x = nextafterf(x, -INFINITY);
+                        if (fabsf(x) > amax) x = amax;
+                    }
+                    if (k & 1) x = -x;
+                    // unsigned: the root of the second moment, as the fast path holds it (>= 0)
+                    if (!is_signed) x = fabsf(x);
+                    int ok = scale_ok & rcp_ok;
+                    uint32_t fast = is_signed ? bnb8_compand_signed_fast(x, 254.0f * r, &ok)
+                                              : bnb8_compand_root_fast(x, 255.0f * r, &ok);
+                    uint8_t exact = bnb8_compand_code(x, x > 0.0f ? x : -x, scale, is_signed);   // m = the root itself
+                    tried++;
+                    vouched += ok;
+                    if (ok && fast != exact && wrong++ < 5)
+                        EXPECT(0, "%s code of %a (absmax %a) under e6m10 %a: fast %u, exact %u", is_signed ? "signed" : "unsigned",
+                               (double)x, (double)amax, (double)scale, fast, exact);
+                }
+            }
+        }
+        EXPECT(wrong == 0 && refused_wrongly == 0, "e6m10 %s: %lld fast codes differ, %lld scales vouched wrongly",
+               is_signed ? "signed" : "unsigned", (long long)wrong, (long long)refused_wrongly);
+        EXPECT(vouched > 0, "e6m10 %s: %lld of %lld vouched for", is_signed ? "signed" : "unsigned", (long long)vouched, (long long)tried);
+        if (verbose) printf("    fast %s codes, e6m10 scales: %lld of %lld vouched for\n", is_signed ? "signed" : "unsigned",
+                            (long long)vouched, (long long)tried);
+    }
     // All-zero groups (scale 0) are common (unused embedding rows): their codes are vouched for.
     for (int zs = 0; zs < 4; zs++) {
         int ok = 1;
@@ -1246,6 +1423,64 @@ static void test_master_every_format(void) {
         }
 }
 
+// ------------------------------------------------------------------------------------------------
+// 8. Scale accuracy (issue P10): issue P10's run (dev/bench/scale_accuracy.c, the measurement at
+// n = 2^22: dev/bench/RESULTS.md) at n = 2^15 with fresh draws: p0 = 0.02 randn in bf16, a scale
+// s = 1e-3 exp(0.5 randn) per element, gradients (randn + 0.3) s in bf16, AdamW 200 steps, bf16
+// weights + int8 correction + bf16 gradients; distance = |master - fp32 AdamW| / |fp32 update|.
+// Bar: the issue's, within 2% of FlashOptim's distance, taken against our fp32 scales' distance
+// (FlashOptim's equals it within 0.3% on the issue's run, so this is the stricter form): e6m10 <=
+// 1.02 x fp32 scales. bf16 scales rounded up (11% farther at 2^22) must fail it: the bar can fail.
+#define ACC_N (1 << 15)
+#define ACC_STEPS 200
+static float acc_randn(uint64_t seed, int64_t stream, int64_t i) {
+    uint64_t z = test_mix64(seed + (uint64_t)stream * 0xd1b54a32d192ed03ull + (uint64_t)i * 0x9e3779b97f4a7c15ull);
+    double u1 = ((double)(z >> 11) + 1.0) * 0x1.0p-53, u2 = (double)(test_mix64(z) >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+static void acc_run(uint64_t seed, bnb8_state_format fmt, bnb8_dtype pdt, bnb8_dtype sdt, const float *p0, const float *s, float *out) {
+    static uint16_t w16[ACC_N], g16[ACC_N];
+    static float w32[ACC_N], g32[ACC_N];
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);   // lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2
+    c.format = fmt; c.scale_dtype = sdt; c.min_8bit_size = 0;
+    void *w = pdt == BNB8_F32 ? (void *)w32 : (void *)w16, *g = pdt == BNB8_F32 ? (void *)g32 : (void *)g16;
+    bnb8_optimizer *opt = NULL;
+    int ok = bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0 && bnb8_optimizer_add(opt, "w", w, pdt, g, pdt, ACC_N, NULL) == 0 &&
+             bnb8_optimizer_import_fp32(opt, 0, p0) == 0;
+    for (int t = 0; ok && t < ACC_STEPS; t++) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < ACC_N; i++)
+            bnb8_store(g, pdt, i, bnb8_bf16_to_f32(bnb8_f32_to_bf16((acc_randn(seed, 100 + t, i) + 0.3f) * s[i])));
+        ok = bnb8_optimizer_step(opt, c.lr, 1.0f, NULL) == 0;
+    }
+    EXPECT(ok && bnb8_optimizer_export_fp32(opt, 0, out) == 0, "scale accuracy run: %s", bnb8_last_error());
+    bnb8_optimizer_free(opt);
+}
+static void test_scale_accuracy(void) {
+    static float p0[ACC_N], s[ACC_N], ref[ACC_N], got[ACC_N];
+    test_rng r = test_rng_new();
+    uint64_t seed = test_u64(&r);
+    for (int64_t i = 0; i < ACC_N; i++) {
+        p0[i] = bnb8_bf16_to_f32(bnb8_f32_to_bf16(0.02f * acc_randn(seed, 1, i)));
+        s[i] = 1e-3f * expf(0.5f * acc_randn(seed, 2, i));
+    }
+    acc_run(seed, BNB8_STATE_32BIT, BNB8_F32, BNB8_F32, p0, s, ref);
+    double u2 = 0.0;
+    for (int64_t i = 0; i < ACC_N; i++) u2 += ((double)ref[i] - p0[i]) * ((double)ref[i] - p0[i]);
+    const bnb8_dtype sdts[3] = {BNB8_E6M10, BNB8_F32, BNB8_BF16};
+    double dist[3];
+    for (int k = 0; k < 3; k++) {
+        acc_run(seed, BNB8_STATE_FLASH, BNB8_BF16, sdts[k], p0, s, got);
+        double d2 = 0.0;
+        for (int64_t i = 0; i < ACC_N; i++) d2 += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        dist[k] = sqrt(d2 / u2);
+    }
+    printf("    issue P10's run at n = 2^15, 200 AdamW steps: distance from fp32 AdamW, scales e6m10 %.5f, fp32 %.5f, "
+           "bf16 %.5f: e6m10 / fp32 = %.4f (bar 1.02)\n", dist[0], dist[1], dist[2], dist[0] / dist[1]);
+    EXPECT(dist[0] <= 1.02 * dist[1], "e6m10 scales end %.5f from fp32 AdamW, more than 1.02 x fp32 scales' %.5f", dist[0], dist[1]);
+    EXPECT(dist[2] > 1.02 * dist[1], "bf16 scales (%.5f) meet the bar (1.02 x %.5f): it cannot fail", dist[2], dist[1]);
+}
+
 void tests_flash(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     full = getenv("BNB8_TEST_FULL") != NULL;
@@ -1254,7 +1489,9 @@ void tests_flash(void) {
     test_run(full ? "flash: ECC on every mantissa of all 256 exponents (bf16, f16; int8, int16)"
                   : "flash: ECC on every mantissa of sampled exponents (bf16, f16; int8, int16)", test_ecc);
     test_run("flash: ECC values: signed zero, ties, overflow, master load/store", test_ecc_values);
+    test_run("flash: e6m10 scales: every value, nearest encode, saturation, no flush from 1e-10", test_e6m10);
     test_run("flash: companded states vs reference, bars on randn, tiny, mixed; tails", test_compand);
+    test_run("flash: scales saturate at their dtype's largest value, never inf", test_scale_saturation);
     test_run("flash: AdamW/Adam/SGD/Lion vs double reference after 10 steps", test_flash_vs_reference);
     test_run("flash: zero gradients leave zero states exactly zero", test_zero_gradients);
     test_run("flash: non-finite gradients keep weight, correction, states; counted", test_nonfinite);
@@ -1267,5 +1504,6 @@ void tests_flash(void) {
     test_run("flash: the GPU's fast int8 correction on every exponent", test_fast_ecc_code);
     test_run("flash: the GPU's fast companded codes next to every code boundary", test_fast_compand);
     test_run("master weights: fp32, int16, int8, none with 32-bit, 8-bit and flash states", test_master_every_format);
+    test_run("flash: e6m10 scales within 2% of fp32 scales' distance from fp32 AdamW (issue P10's run, 2^15)", test_scale_accuracy);
     rmdir(fdir);
 }

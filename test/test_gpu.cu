@@ -158,11 +158,12 @@ static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop
 // (0 when bit-identical) and in *equal whether the state files and the fp32 exports are byte-identical.
 // override_name: that tensor gets 32-bit states; per_tensor_name: that one one absmax per tensor
 // (blocksize 0). Every 4th step is a subset step of `subset` tensors: ids step, step - 1, ... mod
-// the count (from 2 on, a later tensor before an earlier one).
+// the count (from 2 on, a later tensor before an earlier one). huge: at step 1, elements 32..34 of
+// each tensor get the gradients {huge, 0, 1} (group scales at their dtype's largest value).
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
                                const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
                                const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f,
-                               int64_t t0_blocks = 0) {
+                               int64_t t0_blocks = 0, float huge = 0.0f) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -211,6 +212,11 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         for (size_t i = 0; i < t.size(); i++) {
             fill_random(t[i].g_cpu.data(), gdtype, t[i].n, 0.01f * (1.0f + (step % 7 == 0) * 50.0f));
             if (step % 10 == 3 && t[i].n > 10) bnb8_store(t[i].g_cpu.data(), gdtype, step % t[i].n, NAN);
+            if (huge != 0.0f && step == 1 && t[i].n > 34) {
+                bnb8_store(t[i].g_cpu.data(), gdtype, 32, huge);
+                bnb8_store(t[i].g_cpu.data(), gdtype, 33, 0.0f);
+                bnb8_store(t[i].g_cpu.data(), gdtype, 34, 1.0f);
+            }
             CUDA_CHECK(cudaMemcpy(t[i].g_gpu, t[i].g_cpu.data(), t[i].n * gs, cudaMemcpyHostToDevice));
         }
         float lr = cfg.lr * (0.5f + 0.5f * cosf(3.14159265f * step / steps)), gnorm_scale = step % 5 == 0 ? 0.5f : 1.0f;
@@ -293,7 +299,9 @@ static void test_optimizer_parity(void) {
             }
 }
 
-static const char *dtype_name(bnb8_dtype d) { return d == BNB8_F32 ? "f32" : d == BNB8_BF16 ? "bf16" : "f16"; }
+static const char *dtype_name(bnb8_dtype d) {
+    return d == BNB8_F32 ? "f32" : d == BNB8_BF16 ? "bf16" : d == BNB8_E6M10 ? "e6m10" : "f16";
+}
 
 // A flash kind's name, SGD's with its momentum form.
 static const char *flash_kind_name(bnb8_optim kind, int nesterov) {
@@ -301,9 +309,11 @@ static const char *flash_kind_name(bnb8_optim kind, int nesterov) {
 }
 
 // Flash states (DESIGN.md §6): AdamW, Adam (L2), SGD with momentum (nesterov off and on), Lion; weights
-// f32, and bf16 / f16 with no, int8 and int16 correction; bf16 scales; then fp16 gradients, and
-// f16 / f32 scales, on AdamW. min_8bit_size 0 makes every tensor flash (every tail group) except
-// "t3", whose 32-bit states keep the correction of narrow weights.
+// f32, and bf16 / f16 with no, int8 and int16 correction; e6m10 scales (the default: bf16 + int8
+// with bf16 gradients is the fast path); bf16 + int8 with bf16 scales (the files from before e6m10,
+// now the generic path) for every kind; then fp16 gradients, and f16 / f32 scales, on AdamW.
+// min_8bit_size 0 makes every tensor flash (every tail group) except "t3", whose 32-bit states
+// keep the correction of narrow weights.
 static void test_flash_parity(void) {
     std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
     typedef struct { bnb8_optim kind; int nesterov; bnb8_dtype pdtype, gdtype; int correction; bnb8_dtype scale; } flash_case;
@@ -311,11 +321,12 @@ static void test_flash_parity(void) {
     const bnb8_optim kinds[5] = {BNB8_ADAMW, BNB8_ADAM, BNB8_SGD, BNB8_SGD, BNB8_LION};
     for (int k = 0; k < 5; k++) {
         int nesterov = k == 3;
-        cases.push_back({kinds[k], nesterov, BNB8_F32, BNB8_F32, 0, BNB8_BF16});
-        for (int c = 0; c < 3; c++) cases.push_back({kinds[k], nesterov, BNB8_BF16, BNB8_BF16, c, BNB8_BF16});
-        for (int c = 0; c < 3; c++) cases.push_back({kinds[k], nesterov, BNB8_F16, BNB8_BF16, c, BNB8_BF16});
+        cases.push_back({kinds[k], nesterov, BNB8_F32, BNB8_F32, 0, BNB8_E6M10});
+        for (int c = 0; c < 3; c++) cases.push_back({kinds[k], nesterov, BNB8_BF16, BNB8_BF16, c, BNB8_E6M10});
+        for (int c = 0; c < 3; c++) cases.push_back({kinds[k], nesterov, BNB8_F16, BNB8_BF16, c, BNB8_E6M10});
+        cases.push_back({kinds[k], nesterov, BNB8_BF16, BNB8_BF16, 1, BNB8_BF16});
     }
-    cases.push_back({BNB8_ADAMW, 0, BNB8_F16, BNB8_F16, 1, BNB8_BF16});
+    cases.push_back({BNB8_ADAMW, 0, BNB8_F16, BNB8_F16, 1, BNB8_E6M10});
     cases.push_back({BNB8_ADAMW, 0, BNB8_BF16, BNB8_BF16, 1, BNB8_F16});
     cases.push_back({BNB8_ADAMW, 0, BNB8_BF16, BNB8_BF16, 1, BNB8_F32});
     const char *corr_names[3] = {"none", "int8", "int16"};
@@ -331,7 +342,7 @@ static void test_flash_parity(void) {
         double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3");
         const char *name = flash_kind_name(c.kind, c.nesterov);
         const char *corr = c.pdtype == BNB8_F32 ? "-" : corr_names[c.correction];
-        printf("    %-12s flash p %-4s g %-4s ecc %-5s scales %-4s: %s\n", name, dtype_name(c.pdtype), dtype_name(c.gdtype),
+        printf("    %-12s flash p %-4s g %-4s ecc %-5s scales %-5s: %s\n", name, dtype_name(c.pdtype), dtype_name(c.gdtype),
                corr, dtype_name(c.scale), worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
         EXPECT(worst == 0.0 && equal, "%s flash p %s g %s ecc %s scales %s: params differ by %g rel, states or exports %s",
                name, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, dtype_name(c.scale), worst, equal ? "equal" : "differ");
@@ -352,6 +363,26 @@ static void test_flash_parity(void) {
         EXPECT(worst == 0.0 && equal, "%s flash among 8-bit blocks of 4096: params differ by %g rel, states or exports %s",
                name, worst, equal ? "equal" : "differ");
     }
+    // Group scales at their dtype's largest value (P13: a group absmax of 3.39e38 rounded up to bf16
+    // was inf): gradients {3.39e38, 0, 1} in a group at step 1 (SGD's momentum takes them as they
+    // are; Lion's and AdamW's first moments a tenth; AdamW's second moment overflows to inf), on
+    // bf16 + int8 weights: e6m10 scales with bf16 gradients (the fast path's chunks, saturated at
+    // 1.68e7: sent to the exact path), bf16 scales with f32 gradients (3.39e38 is above bf16's 3.3895e38).
+    for (int k : {0, 2, 4})
+        for (bnb8_dtype sdt : {BNB8_E6M10, BNB8_BF16}) {
+            bnb8_config cfg = bnb8_config_default(kinds[k]);
+            cfg.format = BNB8_STATE_FLASH;
+            cfg.min_8bit_size = 0;
+            cfg.scale_dtype = sdt;
+            int equal = 0;
+            bnb8_dtype gdt = sdt == BNB8_BF16 ? BNB8_F32 : BNB8_BF16;
+            double worst = optimizer_parity(kinds[k], cfg, BNB8_BF16, gdt, sizes, steps(100), &equal, NULL, NULL, 1, 0.1f, 0, 3.39e38f);
+            const char *name = flash_kind_name(kinds[k], 0);
+            printf("    %-12s flash p bf16 g %-4s ecc int8  scales %-5s, gradients 3.39e38: %s\n", name, dtype_name(gdt), dtype_name(sdt),
+                   worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+            EXPECT(worst == 0.0 && equal, "%s flash, %s scales, gradients 3.39e38: params differ by %g rel, states or exports %s",
+                   name, dtype_name(sdt), worst, equal ? "equal" : "differ");
+        }
     // Weights near the bottom of bf16's range (1e-36, lr 1e-37): the default configuration's fast
     // path leaves their corrections to the exact one (bnb8_ecc8_value_fast, bnb8_ecc8_code_fast).
     bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);

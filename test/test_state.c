@@ -745,32 +745,39 @@ static bnb8_optimizer *golden_run(float *pa, uint16_t *pb, float *ga, uint16_t *
     return opt;
 }
 
+// A golden file's checks: run (the golden run's optimizer) writes its bytes (rewrites them under
+// BNB8_TEST_WRITE_GOLDEN=1); fresh, an optimizer of the same tensors, loads them and saves them back
+// byte for byte. Frees both.
+static void golden_check(const char *name, bnb8_optimizer *run, bnb8_optimizer *fresh) {
+    char golden[256], path[256];
+    snprintf(golden, sizeof golden, "%s", test_data_path(name));
+    path_in(path, sizeof path, "golden_again.bin");
+    EXPECT(run != NULL && fresh != NULL, "the golden run or the fresh optimizer failed: %s", bnb8_last_error());
+    if (run && getenv("BNB8_TEST_WRITE_GOLDEN")) save_checked(run, golden);
+    if (run) save_checked(run, path);
+    EXPECT(run && files_equal(golden, path), "the same run no longer writes %s byte for byte", golden);
+    int status = fresh ? bnb8_optimizer_load(fresh, golden) : -1;
+    EXPECT(status == 0, "%s does not load: %s", golden, bnb8_last_error());
+    if (status == 0) {
+        save_checked(fresh, path);
+        EXPECT(files_equal(golden, path), "%s loaded and saved again differs", golden);
+    }
+    bnb8_optimizer_free(run);
+    bnb8_optimizer_free(fresh);
+    remove(path);
+}
+
 static void test_old_file(void) {
     static float pa[5000], ga[5000];
     static uint16_t pb[300], gb[300];
-    char golden[256], path[256];
-    snprintf(golden, sizeof golden, "%s", test_data_path("state_adamw_v1.bin"));
-    path_in(path, sizeof path, "golden_again.bin");
-    bnb8_optimizer *opt = golden_run(pa, pb, ga, gb);
-    EXPECT(opt != NULL, "the golden run failed: %s", bnb8_last_error());
-    if (!opt) return;
-    if (getenv("BNB8_TEST_WRITE_GOLDEN")) save_checked(opt, golden);
-    save_checked(opt, path);
-    EXPECT(files_equal(golden, path), "the same run no longer writes %s byte for byte", golden);
-    bnb8_optimizer_free(opt);
-    // Load it into an optimizer of the same tensors, then save: the same bytes.
+    bnb8_optimizer *run = golden_run(pa, pb, ga, gb), *fresh = NULL;
     bnb8_config c = bnb8_config_default(BNB8_ADAMW);
-    EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0 && opt &&
-           bnb8_optimizer_add(opt, "a", pa, BNB8_F32, ga, BNB8_F32, 5000, NULL) == 0 &&
-           bnb8_optimizer_add(opt, "b", pb, BNB8_BF16, gb, BNB8_BF16, 300, NULL) == 0, "create/add: %s", bnb8_last_error());
-    int status = opt ? bnb8_optimizer_load(opt, golden) : -1;
-    EXPECT(status == 0, "%s does not load: %s", golden, bnb8_last_error());
-    if (status == 0) {
-        save_checked(opt, path);
-        EXPECT(files_equal(golden, path), "%s loaded and saved again differs", golden);
+    if (bnb8_optimizer_create(&fresh, BNB8_ADAMW, &c) || bnb8_optimizer_add(fresh, "a", pa, BNB8_F32, ga, BNB8_F32, 5000, NULL) ||
+        bnb8_optimizer_add(fresh, "b", pb, BNB8_BF16, gb, BNB8_BF16, 300, NULL)) {
+        bnb8_optimizer_free(fresh);
+        fresh = NULL;
     }
-    bnb8_optimizer_free(opt);
-    remove(path);
+    golden_check("state_adamw_v1.bin", run, fresh);
 }
 
 // Flash records with bf16, fp16 and fp32 group scales written before the e6m10 scales existed
@@ -819,26 +826,8 @@ static bnb8_optimizer *golden_flash_run(uint16_t *pa, uint16_t *pb, float *pc, u
 static void test_old_flash_file(void) {
     static uint16_t pa[GF_A], pb[GF_B], ga[GF_A];
     static float pc[GF_C], gb[GF_B], gc[GF_C];
-    char golden[256], path[256];
-    snprintf(golden, sizeof golden, "%s", test_data_path("state_flash_v1.bin"));
-    path_in(path, sizeof path, "golden_flash_again.bin");
-    bnb8_optimizer *opt = golden_flash_run(pa, pb, pc, ga, gb, gc);
-    EXPECT(opt != NULL, "the golden flash run failed: %s", bnb8_last_error());
-    if (!opt) return;
-    if (getenv("BNB8_TEST_WRITE_GOLDEN")) save_checked(opt, golden);
-    save_checked(opt, path);
-    EXPECT(files_equal(golden, path), "the same run no longer writes %s byte for byte", golden);
-    bnb8_optimizer_free(opt);
-    opt = golden_flash_new(pa, pb, pc, ga, gb, gc);
-    EXPECT(opt != NULL, "create/add: %s", bnb8_last_error());
-    int status = opt ? bnb8_optimizer_load(opt, golden) : -1;
-    EXPECT(status == 0, "%s does not load: %s", golden, bnb8_last_error());
-    if (status == 0) {
-        save_checked(opt, path);
-        EXPECT(files_equal(golden, path), "%s loaded and saved again differs", golden);
-    }
-    bnb8_optimizer_free(opt);
-    remove(path);
+    bnb8_optimizer *run = golden_flash_run(pa, pb, pc, ga, gb, gc);
+    golden_check("state_flash_v1.bin", run, golden_flash_new(pa, pb, pc, ga, gb, gc));
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -323,7 +323,7 @@ int main(int argc, char **argv) {
     if (wanted("quantize")) bench_quantize();
     std::vector<int64_t> one = {1ll << 28}, xl = gpt2_xl_sizes();
     // Bytes per element: 8-bit fp32 p r/w 8 + g 4 + m, v r/w 4; 32-bit p 8 + g 4 + m, v 16; flash
-    // bf16 p r/w 4 + int8 correction r/w 2 + bf16 g 2 + m, v codes r/w 4 + bf16 scales per 32 ~0.25.
+    // bf16 p r/w 4 + int8 correction r/w 2 + bf16 g 2 + m, v codes r/w 4 + e6m10 scales per 32 ~0.25.
     const optimizer_row rows[] = {
         {"AdamW 8-bit, fp32 params + grads", BNB8_STATE_8BIT, BNB8_F32, BNB8_F32, 0, 16.0, "<= 6.0 ms"},
         {"AdamW 32-bit, fp32", BNB8_STATE_32BIT, BNB8_F32, BNB8_F32, 0, 28.0, "<= 10.0 ms"},
