@@ -8,8 +8,9 @@ gradient release there.
 One file read top to bottom, in the spirit of llm.c's train_gpt2.c:
   - recipes and optimizers: tables of rows that drive both devices;
   - settings: the command line, its defaults, the learning-rate schedule;
-  - checkpoints: model (fp32 masters) + optimizer state + trainer state + DONE marker, each written
-    atomically, and the bit-exact resume from them;
+  - checkpoints: the optimizer state (every weight as the run keeps it, its master, the states) +
+    the trainer state + a DONE marker, each written atomically, each piece of state once, and the
+    bit-exact resume from them; llm.c model files out (-X: fp32 version 3 or bf16 version 5) and in;
   - the devices: one table of operations with a CPU row and a GPU row, the only place where the
     two differ;
   - the run, phase by phase: settings, model, data, device and optimizer, banner, steps, results,
@@ -176,13 +177,20 @@ static int export_masters(const Trainer *t, float *out) {
     return 0;
 }
 
-// The optimizer over the tensors the device row placed, and, when resuming, its checkpointed state.
+// The optimizer over the tensors the device row placed, and, when resuming, its checkpointed state:
+// the states and, from a checkpoint of trainer state version 2, every weight, which must then be finite.
 static int optimizer_open(Trainer *t) {
     if (optimizer_build(t)) return -1;
     if (t->start > 0) {
-        char path[1024];
+        char path[1024], where[160];
         checkpoint_path(path, sizeof path, t->a.out_dir, "optim", t->start, ".bin");
         if (bnb8_optimizer_load(t->opt, path)) return train_fail("%s", bnb8_last_error());
+        float *masters = t->grads;   // the CPU's gradient buffer, free now; the GPU's host weights
+        if (!masters || t->lay.weights == BNB8_F32) masters = t->model.params_memory;
+        if (t->resumed.version >= 2 && export_masters(t, masters)) return -1;
+        if (t->resumed.version >= 2 && gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
+            return train_fail("%s: the weights are not finite after loading it (%s): a damaged or incomplete file; "
+                              "resume from an earlier checkpoint", path, where);
     }
     return 0;
 }
@@ -212,6 +220,7 @@ void train_args_default(TrainArgs *a) {
     a->stable_embedding = -1;
     a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 48; a->ckpt_every = 0;
     a->stop_after = 0; a->seed = 1337; a->resume = 0; a->verbose = 1;
+    a->export_path = ""; a->export_bf16 = 1;
 }
 
 float lr_schedule(const TrainArgs *a, float lr, int64_t s) {
@@ -231,7 +240,9 @@ void usage(FILE *f) {
         "  -z <file>   tokenizer, \"\" for none          (default %s)\n"
         "  -e <model>  descriptor dL[cC][hH][vV][tT] (d12 = GPT-2 124M, d4c128h4, ...) or an llm.c\n"
         "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
-        "  -o <dir>    output directory for checkpoints (default none)\n"
+        "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
+        "              with its master, and the states) + the trainer state; fp32 12, 8bit 6.03, 8bit-int8 5.03,\n"
+        "              flash 5.125 bytes per parameter (README) (default none)\n"
         "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash (README's table)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
@@ -259,6 +270,10 @@ void usage(FILE *f) {
         "  -y <0|1>    resume from the newest complete checkpoint in -o (default %d)\n"
         "  -x <int>    stop after this step, checkpointing it; the schedule still spans -n (default off)\n"
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
+        "  -X <file>   at the end, write the weights as an llm.c model file (-F); with -y 1 and the newest\n"
+        "              checkpoint at or past -n (e.g. -n 1), that checkpoint's, without training (default none)\n"
+        "  -F <name>   -X's format: bf16 (version 5, llm.c's default build) | fp32 (version 3, PRECISION=FP32)\n"
+        "              (default bf16)\n"
         "  -h          this text\n"
         "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release by default for\n"
         "flash only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
@@ -297,7 +312,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxdXF", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -346,6 +361,10 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'y': st = parse_int(f, v, 0, 1, &n); a->resume = (int)n; break;
         case 'x': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->stop_after); break;
         case 'd': st = parse_int(f, v, 0, INT64_MAX, &n); a->seed = (uint64_t)n; break;
+        case 'X': a->export_path = v; break;
+        case 'F': a->export_bf16 = strcmp(v, "bf16") == 0;
+            if (!a->export_bf16 && strcmp(v, "fp32") != 0) st = train_fail("-F: unknown model file format '%s' (bf16, fp32)", v);
+            break;
         default: return train_fail("unknown flag '%s'", f);
         }
         if (st) return -1;
@@ -370,35 +389,64 @@ void apply_gpu_defaults(TrainArgs *a, const char given[128]) {
 // ------------------------------------------------------------------------------------------------
 // Checkpoints (train_gpt2_8bit.h, DESIGN.md §8.4, §8.5)
 
+// FNV-1a, 64 bits, of the trainer state's words before the last: a damaged file is refused.
+static int64_t state_checksum(const int64_t *w, int words) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint8_t *p = (const uint8_t *)w;
+    for (size_t i = 0; i < sizeof(int64_t) * (size_t)words; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return (int64_t)h;
+}
+
 int state_writer(FILE *f, const void *state) {
     const TrainerState *s = (const TrainerState *)state;
+    const GPT2Config *c = &s->config;
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
-                              s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps, s->release,
-                              s->accum, s->weight_bytes};
+                              s->recipe, s->optimizer, c->stable_embedding, (int64_t)s->seed, s->steps, s->release,
+                              s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
+                              c->num_layers, c->num_heads, c->channels};
+    w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
+// Version 2 (STATE_WORDS words, the model's shape, a checksum) or version 1 (16 words, the shape in
+// the checkpoint's model file).
 int state_load(TrainerState *s, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return train_fail("cannot open trainer state file %s: %s", path, strerror(errno));
-    int64_t w[STATE_WORDS], size;
+    int64_t w[STATE_WORDS] = {0}, size;
     int status = file_size_of(f, path, &size);
-    if (!status && size != (int64_t)sizeof w)
-        status = train_fail("%s: %s trainer state file: %lld bytes, expected %zu", path,
-                            size < (int64_t)sizeof w ? "truncated" : "oversized", (long long)size, sizeof w);
-    if (!status && fread(w, sizeof w, 1, f) != 1) status = train_fail("%s: read failed", path);
+    if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
+    int64_t words = w[1] == 1 ? 16 : STATE_WORDS;   // by the version, when the file has one
+    if (!status && size != 8 * words)
+        status = train_fail("%s: %s trainer state file: %lld bytes, expected %lld", path,
+                            size < 8 * words ? "truncated" : "oversized", (long long)size, (long long)(8 * words));
+    if (!status && fread(w + 2, 8 * (size_t)(words - 2), 1, f) != 1) status = train_fail("%s: read failed", path);
     fclose(f);
     if (!status && w[0] != STATE_MAGIC) status = train_fail("%s: not a trainer state file (magic %lld)", path, (long long)w[0]);
-    if (!status && w[1] != STATE_VERSION) status = train_fail("%s: trainer state version %lld, expected %d", path, (long long)w[1], STATE_VERSION);
+    if (!status && w[1] != 1 && w[1] != STATE_VERSION)
+        status = train_fail("%s: trainer state version %lld, expected 1 or %d", path, (long long)w[1], STATE_VERSION);
+    if (!status && w[1] == STATE_VERSION && w[STATE_WORDS - 1] != state_checksum(w, STATE_WORDS - 1))
+        status = train_fail("%s: trainer state checksum mismatch (a damaged file)", path);
     if (status) return status;
+    s->version = w[1];
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
     s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14];
+    int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
+    int shape_ok = 1;
+    for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
+    GPT2Config c = {(int)shape[0], (int)shape[1], (int)shape[2], (int)shape[3], (int)shape[4], (int)shape[5], (int)w[9]};
+    s->config = c;
     if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= num_recipes ||
         s->optimizer < 0 || s->optimizer >= num_optimizers || (s->release != 0 && s->release != 1) || s->accum < 1 ||
-        (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4))
+        (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4) ||
+        (s->stable_embedding != 0 && s->stable_embedding != 1) || (s->version == 2 && s->weight_bytes == 0))
         return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
                           (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
+    if (s->version == 2 && (!shape_ok || gpt2_config_check(&s->config, path))) {
+        if (!shape_ok) train_fail("%s: inconsistent trainer state (model shape out of range)", path);
+        return -1;
+    }
     return 0;
 }
 
@@ -408,25 +456,30 @@ void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, 
     snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, ext);
 }
 
-int checkpoint_save(const char *dir, const GPT2Config *c, const float *masters, bnb8_optimizer *opt,
-                    const TrainerState *s) {
+static int64_t path_size(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
+
+// The optimizer file holds every weight as the run keeps it (with its master) and the states; the
+// trainer state the rest, with the model's shape: each piece once (DESIGN.md §8.4).
+int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes) {
     char path[1024], where[160];
     // Weights that are no longer finite are never saved: the newest checkpoint stays a good one.
-    if (gpt2_params_nonfinite(c, masters, where, sizeof where))
+    if (gpt2_params_nonfinite(&s->config, masters, where, sizeof where))
         return train_fail("step %lld: the weights are not finite (%s): checkpoint not written; the newest complete "
                           "checkpoint in %s is the last good one", (long long)s->step, where, dir);
-    static const char *kinds[3] = {"model", "optim", "state"};
+    static const char *kinds[2] = {"optim", "state"};
     int status = 0;
-    checkpoint_path(path, sizeof path, dir, "model", s->step, ".bin");
-    if (gpt2_save_params(c, masters, path, 0)) status = -1;
+    int64_t total = 0;
     checkpoint_path(path, sizeof path, dir, "optim", s->step, ".bin");
-    if (!status && bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
+    if (bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
+    total += path_size(path);
     checkpoint_path(path, sizeof path, dir, "state", s->step, ".bin");
     if (!status) status = write_atomically(path, state_writer, s);
+    total += path_size(path);
     checkpoint_path(path, sizeof path, dir, "DONE", s->step, "");
     if (!status) status = write_atomically(path, empty_writer, NULL);
     if (status)    // no DONE: the files of this step are useless; a full disk gets their space back
-        for (int k = 0; k < 3; k++) { checkpoint_path(path, sizeof path, dir, kinds[k], s->step, ".bin"); remove(path); }
+        for (int k = 0; k < 2; k++) { checkpoint_path(path, sizeof path, dir, kinds[k], s->step, ".bin"); remove(path); }
+    if (bytes) *bytes = status ? 0 : total;
     return status;
 }
 
@@ -827,8 +880,19 @@ static int resume_state(Trainer *t) {
     if (wb != (int64_t)bnb8_dtype_size(t->lay.weights))
         return train_fail("%s: the checkpoint keeps %s weights, this run %s ones: resume it on the model it was made "
                           "with (-D, -P)", path, wb == 4 ? "fp32" : "bf16", dtype_name(t->lay.weights));
-    checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
-    return gpt2_load(&t->model, t->model_path);
+    if (st->version == 1) {   // the older layout: the fp32 masters in an llm.c model file beside it
+        checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
+        if (access(t->model_path, F_OK) != 0)
+            return train_fail("%s: a checkpoint of the older layout (trainer state version 1), whose model file %s is "
+                              "missing: restore that file, or resume from a newer checkpoint", path, t->model_path);
+        return gpt2_load(&t->model, t->model_path);
+    }
+    // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
+    // restore cannot pass for a weight (checked after the load, optimizer_open).
+    checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "optim", t->start, ".bin");
+    if (gpt2_create(&t->model, &st->config)) return -1;
+    for (int64_t i = 0; i < t->model.num_parameters; i++) t->model.params_memory[i] = NAN;
+    return 0;
 }
 
 static int open_model(Trainer *t) {
@@ -855,7 +919,7 @@ static int open_model(Trainer *t) {
     }
     if (a->T > t->model.config.max_seq_len)
         return train_fail("sequence length T=%lld exceeds the model's maxT=%d", (long long)a->T, t->model.config.max_seq_len);
-    if (t->start >= a->steps)
+    if (t->start >= a->steps && !a->export_path[0])   // -X exports the checkpoint as it is
         return train_fail("%s: the checkpoint is at step %lld, not before the last step %lld (raise -n)", a->out_dir,
                           (long long)t->start, (long long)a->steps);
     return 0;
@@ -893,6 +957,7 @@ int trainer_open(Trainer *t, const TrainArgs *a) {
     if (!t->a.val_path) t->a.val_path = "";
     if (!t->a.tokenizer_path) t->a.tokenizer_path = "";
     if (!t->a.out_dir) t->a.out_dir = "";
+    if (!t->a.export_path) t->a.export_path = "";
     t->rng.s = a->seed;
     if (check_settings(t) || open_model(t) || open_data(t) || t->dev->open(t)) return -1;
     if (t->start > 0) {
@@ -903,6 +968,7 @@ int trainer_open(Trainer *t, const TrainArgs *a) {
         t->rng.s = t->resumed.rng;
     }
     t->end = a->stop_after > 0 && a->stop_after < a->steps ? a->stop_after : a->steps;
+    if (t->end < t->start) t->end = t->start;   // -X from a checkpoint at or past -n: no step to run
     return 0;
 }
 
@@ -1080,15 +1146,33 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
     return 0;
 }
 
-// The model file holds the fp32 masters, which the device row gives.
-static int save_checkpoint(Trainer *t, int64_t s) {
+// The device row gives the fp32 masters, checked for finite values before anything is written.
+static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     const TrainArgs *a = &t->a;
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
-                         (int64_t)bnb8_dtype_size(t->lay.weights)};
+                         (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config};
     float *masters;
-    if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, &t->model.config, masters, t->opt, &save)) return -1;
-    if (a->verbose) printf("step %5lld | checkpoint in %s\n", (long long)s, a->out_dir);
+    if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
+    if (a->verbose)
+        printf("step %5lld | checkpoint in %s: %lld bytes, %.3f bytes per parameter\n", (long long)s, a->out_dir,
+               (long long)*bytes, (double)*bytes / (double)t->model.num_parameters);
+    return 0;
+}
+
+// The weights as an llm.c model file (DESIGN.md §8.1): the fp32 masters (version 3), or their RNE to
+// bf16 (version 5, what llm.c's default bf16 build reads).
+static int export_model(Trainer *t) {
+    const TrainArgs *a = &t->a;
+    float *masters;
+    char where[160];
+    if (t->dev->masters(t, &masters)) return -1;
+    if (gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
+        return train_fail("export to %s: the weights are not finite (%s)", a->export_path, where);
+    if (gpt2_save_params(&t->model.config, masters, a->export_path, a->export_bf16)) return -1;
+    if (a->verbose)
+        printf("export   step %lld's weights to %s: llm.c model file version %d (%s), %lld bytes\n", (long long)t->end,
+               a->export_path, a->export_bf16 ? 5 : 3, a->export_bf16 ? "bf16" : "fp32", (long long)path_size(a->export_path));
     return 0;
 }
 
@@ -1133,7 +1217,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         }
         if (a->verbose && a->sample_every > 0 && s % a->sample_every == 0 && s != a->steps) print_sample(t);
         if (a->out_dir[0] && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after) &&
-            save_checkpoint(t, s))
+            save_checkpoint(t, s, &res->checkpoint_bytes))
             return -1;
     }
     return 0;
@@ -1143,7 +1227,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
 
 static int train_results(Trainer *t, TrainResult *res, Progress *pr) {
     const TrainArgs *a = &t->a;
-    if (a->val_path[0] && isnan(pr->val_last) && t->end == a->steps) pr->val_last = evaluate(t);
+    if (a->val_path[0] && isnan(pr->val_last) && t->end >= a->steps) pr->val_last = evaluate(t);
     res->first_step = t->start + 1;
     res->last_step = t->end;
     res->first_loss = pr->first_loss;
@@ -1185,6 +1269,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
     res->first_step = res->last_step = res->skipped_steps = res->on_gpu = 0;
     res->first_loss = res->last_loss = res->val_loss = NAN;
     res->tokens_per_second = 0.0;
+    res->checkpoint_bytes = 0;
     Trainer *t = (Trainer *)calloc(1, sizeof(Trainer));
     if (!t) return train_fail("out of memory");
     Progress pr = {0.0, 0, NAN, NAN, NAN, NAN};
@@ -1192,6 +1277,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
     if (!status && a->verbose) print_banner(t);
     if (!status) status = train_loop(t, res, &pr);
     if (!status) status = train_results(t, res, &pr);
+    if (!status && a->export_path && a->export_path[0]) status = export_model(t);
     if (!status && a->verbose) print_report(t, res, &pr);
     trainer_free(t);
     free(t);

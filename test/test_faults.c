@@ -176,10 +176,11 @@ static void sleep_seconds(double s) {
     nanosleep(&ts, NULL);
 }
 
-// The checkpoint of step s in dir equals the reference's: model, optimizer state, trainer state.
+// The checkpoint of step s in dir equals the reference's: the optimizer state (with every weight)
+// and the trainer state.
 static int same_checkpoint(const char *dir, const char *ref, int64_t s) {
-    static const char *kinds[3] = {"model", "optim", "state"};
-    for (int k = 0; k < 3; k++) {
+    static const char *kinds[2] = {"optim", "state"};
+    for (int k = 0; k < 2; k++) {
         char a[512], b[512];
         checkpoint_path(a, sizeof a, dir, kinds[k], s, ".bin");
         checkpoint_path(b, sizeof b, ref, kinds[k], s, ".bin");
@@ -320,8 +321,8 @@ static void kill_run(const char *recipe, int kills_wanted) {
     remove(err);
 }
 
-// The 8-bit recipe (8-bit and 32-bit states) and the flash recipe (bf16 weights + correction,
-// companded states, fp32 masters in the model file).
+// The 8-bit recipe (8-bit and 32-bit states, fp32 weights) and the flash recipe (companded states, bf16
+// weights with their int8 correction): every weight in the optimizer file.
 static void test_kill_during_checkpoints(void) {
     kill_run("8bit", ffull ? 100 : 4);
     kill_run("flash", ffull ? 30 : 2);
@@ -372,26 +373,23 @@ static void test_full_disk(void) {
     const int64_t K = 3, N = 6;
     char ref[256], dir[256], err[256];
     fault_paths("disk", ref, dir, err);
-    // fp32 states: the optimizer file (8 bytes per parameter) is larger than the model (4), so a
-    // file-size limit between the two lets the model through and stops the optimizer file.
+    // fp32: the optimizer file (weights and states, 12 bytes per parameter) is far larger than the
+    // trainer state (256 bytes): a file-size limit of half the optimizer file stops it alone.
     child_spec c = {ref, "fp32", N, 0, 0, err};
     EXPECT(child_run(&c) == 0 && checkpoint_latest(ref) == N, "reference run");
     c.dir = dir; c.stop = K;
     EXPECT(child_run(&c) == 0 && checkpoint_latest(dir) == K, "first part");
-    char model[512], optim[512];
-    checkpoint_path(model, sizeof model, dir, "model", K, ".bin");
+    char optim[512];
     checkpoint_path(optim, sizeof optim, dir, "optim", K, ".bin");
-    int64_t model_bytes = file_size(model), optim_bytes = file_size(optim);
-    EXPECT(model_bytes > 0 && optim_bytes > model_bytes, "file sizes: model %lld, optimizer %lld", (long long)model_bytes,
-           (long long)optim_bytes);
+    int64_t optim_bytes = file_size(optim);
+    EXPECT(optim_bytes > 4096, "optimizer file: %lld bytes", (long long)optim_bytes);
     if (test_failures()) return;
-    struct { const char *what, *blocked, *message; int64_t fsize; } faults[4] = {
-        {"model file hits the size limit", NULL, "disk full", model_bytes / 2},
-        {"optimizer file hits the size limit", NULL, "disk full", (model_bytes + optim_bytes) / 2},
+    struct { const char *what, *blocked, *message; int64_t fsize; } faults[3] = {
+        {"optimizer file hits the size limit", NULL, "disk full", optim_bytes / 2},
         {"trainer state file cannot be created", "state", "cannot create", 0},
         {"DONE marker cannot be created", "DONE", "cannot create", 0},
     };
-    for (int f = 0; f < 4; f++) {
+    for (int f = 0; f < 3; f++) {
         char *before = dir_snapshot(dir), blocked[512] = "";
         if (faults[f].blocked) {   // a directory where the temporary file must go: fopen fails
             checkpoint_path(blocked, sizeof blocked, dir, faults[f].blocked, K + 1, strcmp(faults[f].blocked, "DONE") ? ".bin.tmp" : ".tmp");
@@ -561,9 +559,9 @@ static void test_nonfinite_weights(void) {
             // checkpoint_save refuses, and writes nothing
             test_remove_tree(ckdir, 1);
             EXPECT(mkdir(ckdir, 0700) == 0, "mkdir %s", ckdir);
-            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1, 4};
+            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1, 4, STATE_VERSION, m.config};
             train_error_text[0] = 0;
-            s = checkpoint_save(ckdir, &m.config, m.params_memory, NULL, &st);
+            s = checkpoint_save(ckdir, m.params_memory, NULL, &st, NULL);
             char *listing = dir_snapshot(ckdir);
             EXPECT(s != 0 && strstr(train_error_text, "not finite") && strstr(train_error_text, cases[k].tensor) &&
                    listing && listing[0] == 0, "checkpoint_save of %s: %d, '%s', files '%s'", cases[k].tensor, s,
@@ -576,7 +574,8 @@ static void test_nonfinite_weights(void) {
     gpt2_free(&m);
     remove(path);
     test_remove_tree(ckdir, 1);
-    // A checkpoint whose model file was damaged after it was written: resume refuses it by name.
+    // A checkpoint whose optimizer file was given a NaN weight after it was written (its CRC made
+    // right): resume refuses it by name, naming the tensor and the element.
     char dir[256], err[256];
     fpath(dir, sizeof dir, "nan_resume");
     fpath(err, sizeof err, "nan_child.err");
@@ -585,11 +584,27 @@ static void test_nonfinite_weights(void) {
     child_args(&a, dir, "8bit", 4);
     a.stop_after = 2;
     EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(dir) == 2, "first part: %s", train_error_text);
-    checkpoint_path(path, sizeof path, dir, "model", 2, ".bin");
-    FILE *f = fopen(path, "r+b");
-    float nan = NAN;
-    EXPECT(f && fseek(f, 1024 + 4 * 100, SEEK_SET) == 0 && fwrite(&nan, 4, 1, f) == 1, "cannot patch %s", path);
-    if (f) fclose(f);
+    checkpoint_path(path, sizeof path, dir, "optim", 2, ".bin");
+    size_t size;
+    uint8_t *d = test_slurp(path, &size);
+    uint32_t name_len = 0;
+    if (d && size > 28) memcpy(&name_len, d + 24, 4);
+    size_t fields = 28 + name_len, data = fields + 40;   // record 0 is wte's: its fp32 weights end the payload
+    int64_t n = 0;
+    uint64_t bytes = 0;
+    if (d && data + 4 <= size) { memcpy(&n, d + fields, 8); memcpy(&bytes, d + fields + 32, 8); }
+    int ok = d && name_len == 3 && memcmp(d + 28, "wte", 3) == 0 && data + bytes + 4 <= size && bytes >= 4 * (uint64_t)n && n > 100;
+    EXPECT(ok, "%s does not parse as a state file whose first record is wte", path);
+    if (ok) {
+        float nan = NAN;
+        memcpy(d + data + bytes - 4 * (uint64_t)n + 4 * 100, &nan, 4);
+        uint32_t crc = test_crc32(d + 24, data + bytes - 24);
+        memcpy(d + data + bytes, &crc, 4);
+        FILE *f = fopen(path, "wb");
+        EXPECT(f && fwrite(d, 1, size, f) == size, "cannot patch %s", path);
+        if (f) fclose(f);
+    }
+    free(d);
     a.stop_after = 0;
     train_error_text[0] = 0;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, path) && strstr(train_error_text, "'wte' element 100"),

@@ -700,25 +700,75 @@ static void test_tokenizer_files(void) {
     remove(bad);
 }
 
+// A trainer state file (DESIGN.md §8.5) written here, word by word: version 2 with the model's shape
+// and the FNV-1a checksum of words 0..30 in word 31, or version 1 (16 words, no shape, no checksum).
+static void write_state_words(const char *path, const int64_t *w, int words, int fix_checksum) {
+    int64_t v[32];
+    memcpy(v, w, 8 * (size_t)words);
+    if (fix_checksum && words == 32) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < 8 * 31; i++) h = (h ^ ((const uint8_t *)v)[i]) * 0x100000001b3ull;
+        v[31] = (int64_t)h;
+    }
+    spit(path, (const uint8_t *)v, 8 * words);
+}
+
 static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
     tpath(bad, sizeof bad, "bad_state.bin");
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3, 2}, back;
+    GPT2Config c;
+    gpt2_config_from_descriptor(&c, "d2c32h2v60t16");
+    c.stable_embedding = 1;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
     uint8_t *d = slurp(good, &size);
     if (!d) { EXPECT(0, "cannot read %s", good); return; }
-    variant(bad, d, size, 0, 1, size);        expect_refused(load_state_file, bad, "magic", "state: wrong magic");
-    variant(bad, d, size, 2, 9, size);        expect_refused(load_state_file, bad, "version", "state: wrong version");
-    variant(bad, d, size, 5, -1, size);       expect_refused(load_state_file, bad, "step", "state: negative step");
-    variant(bad, d, size, 14, 99, size);      expect_refused(load_state_file, bad, "inconsistent", "state: bad recipe");
-    variant(bad, d, size, 27, -1, size);      expect_refused(load_state_file, bad, "inconsistent", "state: negative micro-batches");
-    variant(bad, d, size, 28, 3, size);       expect_refused(load_state_file, bad, "inconsistent", "state: 3-byte weights");
-    variant(bad, d, size, -1, 0, size - 8);   expect_refused(load_state_file, bad, "truncated", "state: truncated");
-    variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
+    // The words as DESIGN.md §8.5 lays them out.
+    int64_t w[32], want[21] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
+                               16, 60, 64, 2, 2, 32};
+    EXPECT(size == 256, "version 2 state file: %lld bytes, expected 256", (long long)size);
+    if (size == 256) memcpy(w, d, 256);
+    for (int k = 0; k < 21 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
     free(d);
+    if (size != 256) return;
+    // Every field refused by the loader, the checksum made right so that it is the field that fails.
+    struct { int word; int64_t value; const char *what, *label; } forged[] = {
+        {0, 1, "magic", "wrong magic"}, {1, 9, "version", "wrong version"}, {2, -1, "step", "negative step"},
+        {7, 99, "inconsistent", "bad recipe"}, {13, -1, "inconsistent", "negative micro-batches"},
+        {14, 3, "inconsistent", "3-byte weights"}, {14, 0, "inconsistent", "no weight size"},
+        {9, 2, "inconsistent", "StableEmbedding 2"}, {19, 3, "bad model shape", "C not a multiple of NH"},
+        {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"}};
+    for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
+        int64_t v[32];
+        memcpy(v, w, sizeof v);
+        v[forged[k].word] = forged[k].value;
+        write_state_words(bad, v, 32, 1);
+        char label[96];
+        snprintf(label, sizeof label, "state: %s", forged[k].label);
+        expect_refused(load_state_file, bad, forged[k].what, label);
+    }
+    int64_t v[32];
+    memcpy(v, w, sizeof v);
+    v[3] ^= 1;                                // a damaged word, the checksum left as it was
+    write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "checksum", "state: a flipped bit");
+    write_state_words(bad, w, 31, 0);         expect_refused(load_state_file, bad, "truncated", "state: truncated");
+    spit(bad, (const uint8_t *)w, 12);        expect_refused(load_state_file, bad, "truncated", "state: 12 bytes");
+    memcpy(v, w, sizeof v);
+    v[31] = 0;
+    write_state_words(bad, v, 32, 0);
+    FILE *f = fopen(bad, "ab");
+    if (f) { fwrite(v, 8, 1, f); fclose(f); }
+    expect_refused(load_state_file, bad, "oversized", "state: oversized");
+    // Version 1 (16 words): loads, with the fields it has; oversized at 32 words.
+    memcpy(v, w, sizeof v);
+    v[1] = 1; v[14] = 0; v[15] = 0;
+    write_state_words(bad, v, 16, 0);
+    EXPECT(state_load(&back, bad) == 0 && back.version == 1 && back.step == 7 && back.rng == s.rng && back.accum == 3 &&
+           back.weight_bytes == 0, "version 1 state file: %s", train_error_text);
+    write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "oversized", "state: version 1 of 32 words");
     // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
     TrainArgs a;
     train_args_default(&a);
