@@ -397,8 +397,45 @@ static void test_training(void) {
     }
 }
 
+static void spit(const char *path, const uint8_t *d, int64_t size);
+static uint8_t *slurp(const char *path, int64_t *size);
+
+// The checkpoint of step k in dir rewritten in the layout before P12 (trainer state version 1), into
+// old: model_k.bin (the fp32 masters, llm.c version 3), optim_k.bin as a version 1 optimizer file
+// (test_state_file_v1), state_k.bin as the 16 words of version 1, DONE_k. 1 on success.
+static int write_old_layout(const char *dir, const char *old, int64_t k, const GPT2Config *c, const float *masters) {
+    char from[512], to[512];
+    mkdir(old, 0700);
+    int64_t size;
+    size_t size1;
+    checkpoint_path(to, sizeof to, old, "model", k, ".bin");
+    int ok = gpt2_save_params(c, masters, to, 0) == 0;
+    checkpoint_path(from, sizeof from, dir, "optim", k, ".bin");
+    checkpoint_path(to, sizeof to, old, "optim", k, ".bin");
+    uint8_t *d = slurp(from, &size), *v1 = d ? test_state_file_v1(d, (size_t)size, &size1) : NULL;
+    if (v1) spit(to, v1, (int64_t)size1);
+    ok &= v1 != NULL;
+    free(d); free(v1);
+    checkpoint_path(from, sizeof from, dir, "state", k, ".bin");
+    checkpoint_path(to, sizeof to, old, "state", k, ".bin");
+    d = slurp(from, &size);
+    ok &= d && size == 256;
+    if (d && size == 256) {
+        int64_t w[16];
+        memcpy(w, d, sizeof w);
+        w[1] = 1; w[15] = 0;
+        spit(to, (const uint8_t *)w, sizeof w);
+    }
+    free(d);
+    checkpoint_path(to, sizeof to, old, "DONE", k, "");
+    spit(to, (const uint8_t *)"", 0);
+    return ok;
+}
+
 // Stop after k steps, resume: the later losses and the final weights equal an uninterrupted run's.
-static void resume_case(const char *recipe, const char *optimizer, int stable) {
+// With old_layout, the checkpoint rewritten in the layout before P12 resumes the same; without its
+// model file it is refused, saying so.
+static void resume_case(const char *recipe, const char *optimizer, int stable, int old_layout) {
     const int64_t N = 12, K = 5;
     char dir_a[256], dir_b[256];
     snprintf(dir_a, sizeof dir_a, "%s/run_a_%s_%s_%d", tdir, recipe, optimizer, stable);
@@ -415,7 +452,8 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
     float la[12], lb[12];
     float *wa = (float *)malloc(sizeof(float) * (size_t)n), *wb = (float *)malloc(sizeof(float) * (size_t)n);
-    if (!wa || !wb) { EXPECT(0, "out of memory"); free(wa); free(wb); return; }
+    float *wk = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!wa || !wb || !wk) { EXPECT(0, "out of memory"); free(wa); free(wb); free(wk); return; }
     for (int i = 0; i < 12; i++) la[i] = lb[i] = NAN;
 
     TrainResult ra = {0};
@@ -424,10 +462,39 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     EXPECT(train_run(&a, &ra) == 0, "uninterrupted run: %s", train_error_text);
 
     TrainResult rb = {0};
-    rb.losses = lb; rb.final_params = wb; rb.final_params_count = n;
+    rb.losses = lb; rb.final_params = wk; rb.final_params_count = n;
     a.out_dir = dir_b;
     a.stop_after = K;
     EXPECT(train_run(&a, &rb) == 0 && rb.last_step == K, "first part: %s", train_error_text);
+    rb.final_params = wb;
+    if (old_layout) {
+        char dir_c[300], model[512];
+        snprintf(dir_c, sizeof dir_c, "%s_old", dir_b);
+        EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
+        TrainArgs o = a;
+        o.out_dir = dir_c; o.stop_after = 0; o.resume = 1;
+        float lc[12];
+        float *wc = (float *)malloc(sizeof(float) * (size_t)n);
+        TrainResult rc = {0};
+        rc.losses = lc; rc.final_params = wc; rc.final_params_count = n;
+        for (int i = 0; i < 12; i++) lc[i] = la[i];
+        for (int i = (int)K; i < 12; i++) lc[i] = NAN;
+        EXPECT(wc && train_run(&o, &rc) == 0 && rc.first_step == K + 1, "%s: resume of the old layout: %s", recipe,
+               train_error_text);
+        EXPECT(wc && memcmp(la, lc, sizeof la) == 0 && memcmp(wa, wc, sizeof(float) * (size_t)n) == 0 &&
+               memcmp(&ra.val_loss, &rc.val_loss, 4) == 0, "%s %s: the old layout's resume differs from never stopping",
+               recipe, optimizer);
+        test_remove_tree(dir_c, 0);
+        EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
+        checkpoint_path(model, sizeof model, dir_c, "model", K, ".bin");
+        remove(model);
+        EXPECT(train_run(&o, NULL) != 0 && strstr(train_error_text, "older layout") && strstr(train_error_text, model),
+               "%s: old layout without its model file: '%s'", recipe, train_error_text);
+        if (tverbose) printf("    %s %s: the checkpoint in the layout before P12 resumed bit-exactly; without its model "
+                             "file: %s\n", recipe, optimizer, train_error_text);
+        free(wc);
+        test_remove_tree(dir_c, 1);
+    }
     for (int i = (int)K; i < 12; i++) lb[i] = NAN;
     a.stop_after = 0;
     a.resume = 1;
@@ -458,9 +525,67 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
                train_error_text);
     if (tverbose) printf("    %s %s stable %d: steps %lld..%lld resumed bit-exactly, final loss %.6f\n", recipe, optimizer,
                          stable, (long long)K + 1, (long long)N, (double)la[11]);
-    free(wa); free(wb);
+    free(wa); free(wb); free(wk);
     test_remove_tree(dir_a, 1);
     test_remove_tree(dir_b, 1);
+}
+
+// Checkpoint sizes (DESIGN.md §8.4), measured from the files of each recipe on the CPU against the
+// bytes its formats give, tensor by tensor: per record 4 + name + 40 + payload + 4 bytes, the payload
+// the weights as kept (fp32 for fp32 and 8bit, whose fp32 weights are their own master; bf16 + an int8
+// correction for flash and 8bit-int8) and AdamW's two states (32-bit under 4096 elements and for fp32;
+// 8-bit codes + an fp32 absmax per 256; flash codes + a bf16 scale per 32); the optimizer file's
+// 24-byte header, the trainer state's 256 bytes, an empty DONE. A tensor of a multiple of 256
+// elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125.
+static void test_checkpoint_sizes(void) {
+    const char *rec[4] = {"fp32", "8bit", "8bit-int8", "flash"};
+    const double target[4] = {12.0, 6.03125, 5.03125, 5.125};
+    for (int k = 0; k < 4; k++) {
+        char dir[256], path[512];
+        snprintf(dir, sizeof dir, "%s/sizes_%s", tdir, rec[k]);
+        TrainArgs a;
+        tiny_args(&a, rec[k], "adamw", 2);
+        a.out_dir = dir;
+        TrainResult r = {0};
+        if (train_run(&a, &r)) { EXPECT(0, "%s: %s", rec[k], train_error_text); continue; }
+        GPT2Config c;
+        gpt2_config_from_descriptor(&c, a.model);
+        c.stable_embedding = 0;
+        int64_t sizes[GPT2_NUM_PARAMS], P = 0;
+        gpt2_param_sizes(&c, sizes);
+        const Recipe *rp = &recipes[find_recipe(rec[k])];
+        int fp32 = rp->correction_bytes == 4;   // on the CPU: fp32 weights, their own master
+        double want = 24.0, wte_payload = 0.0;
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+            if (!sizes[i]) continue;
+            double n = (double)sizes[i], weights = fp32 ? 4 * n : 2 * n + n;
+            double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
+                             : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
+                             : n + 2.0 * (double)((sizes[i] + 31) / 32);
+            double payload = weights + 2 * per_state;
+            if (i == GPT2_WTE) wte_payload = payload;
+            want += 4 + (double)strlen(gpt2_param_names[i]) + 40 + payload + 4;
+            P += sizes[i];
+        }
+        checkpoint_path(path, sizeof path, dir, "optim", 2, ".bin");
+        struct stat st;
+        double optim = stat(path, &st) == 0 ? (double)st.st_size : -1;
+        checkpoint_path(path, sizeof path, dir, "state", 2, ".bin");
+        double state = stat(path, &st) == 0 ? (double)st.st_size : -1;
+        checkpoint_path(path, sizeof path, dir, "DONE", 2, "");
+        double done = stat(path, &st) == 0 ? (double)st.st_size : -1;
+        checkpoint_path(path, sizeof path, dir, "model", 2, ".bin");
+        EXPECT(stat(path, &st) != 0, "%s: a model file in the checkpoint", rec[k]);
+        EXPECT(optim == want && state == 256 && done == 0, "%s: optimizer file %.0f bytes (expected %.0f), trainer state "
+               "%.0f (256), DONE %.0f (0)", rec[k], optim, want, state, done);
+        EXPECT((double)r.checkpoint_bytes == optim + state, "%s: the trainer reports %lld bytes, the files hold %.0f",
+               rec[k], (long long)r.checkpoint_bytes, optim + state);
+        EXPECT(wte_payload / (double)sizes[GPT2_WTE] == target[k], "%s: wte's record %.5f bytes per parameter, target %.5f",
+               rec[k], wte_payload / (double)sizes[GPT2_WTE], target[k]);
+        printf("    %-9s checkpoint %8.0f bytes for %lld parameters: %.4f bytes per parameter (wte: %.5f; target %.5f)\n",
+               rec[k], optim + state, (long long)P, (optim + state) / (double)P, wte_payload / (double)sizes[GPT2_WTE], target[k]);
+        test_remove_tree(dir, 1);
+    }
 }
 
 // Gradient accumulation: A = 2 micro-batches of B = 4 read the same tokens as one batch of B = 8,
@@ -518,15 +643,15 @@ static void test_accumulation(void) {
 }
 
 static void test_resume(void) {
-    resume_case("fp32", "adamw", 0);
-    resume_case("8bit", "adamw", 0);
-    resume_case("8bit", "lion", 1);
-    resume_case("fp32", "sgd", 1);
-    resume_case("flash", "adamw", 0);   // the final weights compared are the decoded fp32 masters
-    resume_case("flash", "lion", 1);
-    resume_case("flash", "sgd", 0);
-    resume_case("8bit-int8", "adamw", 0);
-    resume_case("8bit-int8", "lion", 1);
+    resume_case("fp32", "adamw", 0, 1);
+    resume_case("8bit", "adamw", 0, 1);
+    resume_case("8bit", "lion", 1, 0);
+    resume_case("fp32", "sgd", 1, 0);
+    resume_case("flash", "adamw", 0, 1);   // the final weights compared are the decoded fp32 masters
+    resume_case("flash", "lion", 1, 0);
+    resume_case("flash", "sgd", 0, 0);
+    resume_case("8bit-int8", "adamw", 0, 1);
+    resume_case("8bit-int8", "lion", 1, 0);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -936,7 +1061,10 @@ void tests_train(void) {
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
     test_run("train: 50 steps lower the loss; 8bit, flash and 8bit-int8 within 2% of fp32; bytes per parameter", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd)", test_resume);
+    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd; the old layout)",
+             test_resume);
+    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125 bytes/param",
+             test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
