@@ -756,6 +756,130 @@ static void test_model_files(void) {
     }
 }
 
+// The mean loss of a model over the first `batches` batches of (B, T) of a tokens file, as the trainer's
+// evaluate forms it (each batch's mean loss, summed in double); with grads, also the gradient of that
+// mean (num_parameters floats).
+static float eval_model(GPT2 *m, const TokenFile *val, int64_t B, int64_t T, int64_t batches, float *grads) {
+    int64_t n = (val->count - 1) / (B * T);
+    if (n > batches) n = batches;
+    int *in = (int *)malloc(sizeof(int) * (size_t)(2 * B * T)), *tg = in + B * T;
+    if (!in || gpt2_alloc_acts(m, B, T)) { free(in); return NAN; }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t *p = val->tokens + i * B * T;
+        for (int64_t j = 0; j < B * T; j++) { in[j] = p[j]; tg[j] = p[j + 1]; }
+        sum += gpt2_forward(m, in, tg, B, T);
+        if (grads) gpt2_backward(m, grads, i > 0, NULL, NULL);
+    }
+    for (int64_t j = 0; grads && j < m->num_parameters; j++) grads[j] /= (float)n;
+    free(in);
+    return (float)(sum / (double)n);
+}
+
+// bf16 round to nearest even of a finite float, on its bits (the test's own).
+static uint16_t rne_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Model export (SPEC §7, DESIGN.md §8.1): a run of the fp32 recipe writes its final weights with -X -F
+// fp32; the same checkpoint, exported without training (-y 1, -n 1), with -F bf16; and a flash run
+// with each. Each file: the header (magic, version, maxT, V, L, NH, C, Vp), exactly 1024 + 4 or 2
+// bytes per parameter, the 16 tensors at the offsets llm.c's order gives (computed here from the
+// shapes), wte padded to Vp rows with zeros, fp32 = the run's masters, bf16 = their RNE. Loaded back:
+// the v3 file gives the run's val loss bit for bit (fp32 recipe: the weights are the masters); the v5
+// file within the bar derived from the rounding: |L(w + dw) - L(w)| <= 2 sum |g_i| |dw_i|, g the
+// gradient of the val loss at w: the first-order term is at most the sum, and the second-order
+// term of relative changes of 2^-9 is far below it (the factor 2).
+static void check_model_file(const char *path, const GPT2Config *c, const float *masters, int bf16, const char *what) {
+    int64_t size;
+    uint8_t *d = slurp(path, &size);
+    int64_t C = c->channels, L = c->num_layers, V = c->vocab_size, Vp = c->padded_vocab_size, T = c->max_seq_len;
+    // llm.c's order and shapes
+    const int64_t shape[16] = {Vp * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
+                               L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+    int64_t P = 0;
+    for (int i = 0; i < 16; i++) P += shape[i];
+    int64_t es = bf16 ? 2 : 4;
+    EXPECT(d && size == 1024 + es * P, "%s: %lld bytes, expected %lld", what, (long long)size, (long long)(1024 + es * P));
+    if (!d || size != 1024 + es * P) { free(d); return; }
+    int32_t h[256];
+    memcpy(h, d, sizeof h);
+    const int32_t want[9] = {20240326, bf16 ? 5 : 3, (int32_t)T, (int32_t)V, (int32_t)L, c->num_heads, (int32_t)C, (int32_t)Vp, 0};
+    for (int k = 0; k < 9; k++) EXPECT(h[k] == want[k], "%s: header[%d] = %d, expected %d", what, k, h[k], want[k]);
+    int64_t bad = 0, off = 0, pad = 0;
+    for (int i = 0; i < 16; i++) {
+        for (int64_t j = 0; j < shape[i]; j++) {
+            const uint8_t *e = d + 1024 + es * (off + j);
+            if (bf16) { uint16_t b; memcpy(&b, e, 2); bad += b != rne_bf16(masters[off + j]); }
+            else bad += memcmp(e, &masters[off + j], 4) != 0;
+            if (i == 0 && j >= V * C) { uint32_t z = 0; pad += memcmp(e, &z, (size_t)es) != 0; }
+        }
+        off += shape[i];
+    }
+    EXPECT(bad == 0, "%s: %lld weights differ from the run's %s", what, (long long)bad, bf16 ? "masters rounded to bf16" : "masters");
+    EXPECT(pad == 0, "%s: %lld of wte's padding elements are not zero", what, (long long)pad);
+    free(d);
+}
+
+static void test_export(void) {
+    char dir[256], v3[256], v5[256], val[256];
+    tpath(dir, sizeof dir, "export_run");
+    tpath(v3, sizeof v3, "export_v3.bin");
+    tpath(v5, sizeof v5, "export_v5.bin");
+    tpath(val, sizeof val, "val.bin");
+    test_remove_tree(dir, 1);
+    const char *rec[2] = {"fp32", "flash"};
+    for (int k = 0; k < 2; k++) {
+        TrainArgs a;
+        tiny_args(&a, rec[k], "adamw", 8);
+        a.model = "d2c64h4v65t16";   // Vp = 128 > V = 65: wte has padding rows
+        a.out_dir = dir; a.export_path = v3; a.export_bf16 = 0;
+        GPT2Config c;
+        gpt2_config_from_descriptor(&c, a.model);
+        c.stable_embedding = 0;
+        int64_t sizes[GPT2_NUM_PARAMS], n = 0;
+        gpt2_param_sizes(&c, sizes);
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
+        float *w = (float *)malloc(sizeof(float) * (size_t)n), *g = (float *)malloc(sizeof(float) * (size_t)n);
+        TrainResult r = {0}, r5 = {0};
+        r.final_params = w; r.final_params_count = n;
+        if (!w || !g || train_run(&a, &r)) { EXPECT(0, "%s run: %s", rec[k], train_error_text); free(w); free(g); return; }
+        check_model_file(v3, &c, w, 0, "fp32 export (version 3)");
+        // From the checkpoint, without training: bf16.
+        a.export_path = v5; a.export_bf16 = 1; a.resume = 1; a.steps = 1;
+        EXPECT(train_run(&a, &r5) == 0 && r5.first_step == 9 && r5.last_step == 8, "%s: export from the checkpoint: %s",
+               rec[k], train_error_text);
+        EXPECT(memcmp(&r5.val_loss, &r.val_loss, 4) == 0, "%s: the checkpoint's val loss %.9g, the run's %.9g", rec[k],
+               (double)r5.val_loss, (double)r.val_loss);
+        check_model_file(v5, &c, w, 1, "bf16 export (version 5)");
+        // Loaded back: val losses.
+        TokenFile vf;
+        GPT2 m3, m5;
+        if (tokens_load(&vf, val) || gpt2_load(&m3, v3) || gpt2_load(&m5, v5)) { EXPECT(0, "%s", train_error_text); free(w); free(g); return; }
+        float l3 = eval_model(&m3, &vf, a.B, a.T, a.val_batches, g);
+        float l5 = eval_model(&m5, &vf, a.B, a.T, a.val_batches, NULL);
+        double bound = 0.0, first = 0.0;   // the bar, and the first-order estimate of the change (printed)
+        for (int64_t i = 0; i < n; i++) {
+            double dw = (double)m5.params_memory[i] - (double)m3.params_memory[i];
+            bound += fabs((double)g[i]) * fabs(dw);
+            first += (double)g[i] * dw;
+        }
+        bound *= 2.0;
+        if (k == 0)
+            EXPECT(memcmp(&l3, &r.val_loss, 4) == 0, "fp32: the v3 file's val loss %.9g, the run's %.9g", (double)l3, (double)r.val_loss);
+        EXPECT(fabs((double)l5 - (double)l3) <= bound && bound < 0.01 * l3, "%s: the v5 file's val loss %.9g, the v3 file's "
+               "%.9g: |difference| %.3g, bar %.3g", rec[k], (double)l5, (double)l3, fabs((double)l5 - (double)l3), bound);
+        printf("    %-5s export: run val %.6f; v3 file %.6f, v5 file %.6f (v5 - v3 %+.2e, first-order g.dw %+.2e, bar "
+               "2 sum|g||dw| %.2e)\n", rec[k], (double)r.val_loss, (double)l3, (double)l5, (double)l5 - (double)l3, first, bound);
+        gpt2_free(&m3); gpt2_free(&m5); free(vf.tokens);
+        free(w); free(g);
+        test_remove_tree(dir, 1);
+        remove(v3); remove(v5);
+    }
+}
+
 static void test_tokens_files(void) {
     uint16_t tok[100];
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 7 % 64);
@@ -967,7 +1091,7 @@ static void test_settings(void) {
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
         {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"},
         {3, {"t", "-A", "0"}, "-A expects"}, {3, {"t", "-C", "2"}, "-C expects"}, {3, {"t", "-P", "fp16"}, "-P"},
-        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}};
+        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}, {3, {"t", "-F", "fp16"}, "-F"}, {2, {"t", "-X"}, "needs a value"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -982,6 +1106,11 @@ static void test_settings(void) {
     EXPECT(parse_args(13, (char **)good, &a, given) == 0 && a.B == 4 && a.steps == 7 && a.stable_embedding == 1 &&
            strcmp(a.optimizer, "lion") == 0 && a.lr == 1e-3f, "good flags: %s", train_error_text);
     EXPECT(given['b'] && given['r'] && given['w'] && !given['e'] && !given['g'], "flags given");
+    const char *export_flags[] = {"t", "-X", "m.bin", "-F", "fp32"};
+    EXPECT(parse_args(5, (char **)export_flags, &a, given) == 0 && strcmp(a.export_path, "m.bin") == 0 && a.export_bf16 == 0,
+           "-X m.bin -F fp32: %s", train_error_text);
+    parse_args(1, (char **)export_flags, &a, given);
+    EXPECT(a.export_path[0] == 0 && a.export_bf16 == 1, "-X and -F default: none, bf16");
     const char *more[] = {"t", "-A", "3", "-C", "1"};
     EXPECT(parse_args(5, (char **)more, &a, given) == 0 && a.accum == 3 && a.recompute == 1, "-A 3 -C 1: %s", train_error_text);
     const char *parity[] = {"t", "-r", "8bit-int8", "-P", "fp32"};
@@ -1067,6 +1196,7 @@ void tests_train(void) {
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
+    test_run("train: export to llm.c model files (fp32 v3, bf16 v5): layout, loss when loaded back", test_export);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
     test_run("train: tokenizer files: bad ones refused, naming the file", test_tokenizer_files);
     test_run("train: trainer and optimizer state files: bad ones refused", test_state_files);
