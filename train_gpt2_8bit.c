@@ -890,6 +890,10 @@ static int resume_state(Trainer *t) {
     // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
     // restore cannot pass for a weight (checked after the load, optimizer_open).
     checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "optim", t->start, ".bin");
+    int64_t least = gpt2_num_parameters(&st->config) * wb, size = path_size(t->model_path);
+    if (size < least)   // checked before allocating: a bad shape cannot ask for terabytes
+        return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes: a damaged or "
+                          "mismatched checkpoint", t->model_path, (long long)size, (long long)gpt2_num_parameters(&st->config), path);
     if (gpt2_create(&t->model, &st->config)) return -1;
     for (int64_t i = 0; i < t->model.num_parameters; i++) t->model.params_memory[i] = NAN;
     return 0;

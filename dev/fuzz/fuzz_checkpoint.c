@@ -1,7 +1,8 @@
 /*
 fuzz_checkpoint.c — libFuzzer harness for the trainer's checkpoint directory: the scan for the
 newest complete checkpoint (checkpoint_latest) and resuming from it (train_run with -y 1: the
-trainer state file, the model file, the optimizer state file and the checks between them).
+trainer state file, the optimizer state file with every weight, or in the older layout of trainer
+state version 1 the model file beside them, and the checks between them).
 
 Input: an archive of directory entries, each [u8 kind][u8 step][u16 length, little-endian][bytes]:
   kind % 8 = 0 DONE_<step>, 1 model_<step>.bin, 2 optim_<step>.bin, 3 state_<step>.bin (the bytes
@@ -62,7 +63,8 @@ static size_t pack_file(uint8_t *out, size_t at, const char *dir, int kind, int 
 }
 
 // Seeds: the checkpoints of real 3-step runs (every step checkpointed) of a tiny model, as a whole,
-// with the newest one incomplete, and with leftovers and stray names.
+// with the newest one incomplete, and with leftovers and stray names. (No model files: the trainer
+// writes none since trainer state version 2; the fuzzer reaches the older layout by mutation.)
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     const char *seeds = getenv("FUZZ_WRITE_SEEDS");
@@ -90,7 +92,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         for (int variant = 0; variant < 3; variant++) {
             size_t at = 0;
             for (int step = 1; step <= 3; step++)
-                for (int kind = 1; kind <= 4; kind++) {
+                for (int kind = 2; kind <= 4; kind++) {
                     if (kind == 4 && step == 3 && variant == 1) continue;     // newest without DONE
                     at = pack_file(out, at, dir, kind % 4, step);
                 }
@@ -189,11 +191,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         a.out_dir = dir; a.resume = 1; a.steps = latest + 1;
         a.B = 1; a.T = 4; a.eval_every = 0; a.gen_tokens = 0; a.verbose = 0;
         // Settings as the trainer state file says, when they are small and known: the resume then
-        // gets past the settings check to the model and optimizer files.
+        // gets past the settings check to the model and optimizer files. (Words 0..15 mean the same
+        // in both versions.)
         char path[512];
         checkpoint_path(path, sizeof path, dir, "state", latest, ".bin");
         FILE *f = fopen(path, "rb");
-        int64_t w[STATE_WORDS];
+        int64_t w[16];
         if (f && fread(w, sizeof w, 1, f) == 1) {
             if (w[5] >= 1 && w[6] >= 1 && w[5] <= 4 && w[6] <= 16) { a.B = w[5]; a.T = w[6]; }
             if (w[7] >= 0 && w[7] < num_recipes) a.recipe = recipes[w[7]].name;
