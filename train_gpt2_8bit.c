@@ -26,6 +26,7 @@ Build and run: `make train` (`GPU=1`: build/train_gpt2_8bit_cuda), `./build/trai
 Compiled with -DTRAIN_NO_MAIN this file has no main, for the tests.
 */
 #define _POSIX_C_SOURCE 200809L   // mkdir, opendir, clock_gettime
+#define _DEFAULT_SOURCE           // flock
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -37,6 +38,8 @@ Compiled with -DTRAIN_NO_MAIN this file has no main, for the tests.
 #include <sys/types.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -182,15 +185,23 @@ static int export_masters(const Trainer *t, float *out) {
 static int optimizer_open(Trainer *t) {
     if (optimizer_build(t)) return -1;
     if (t->start > 0) {
-        char path[1024], where[160];
+        char path[TRAIN_PATH_MAX], where[160];
         checkpoint_path(path, sizeof path, t->a.out_dir, "optim", t->start, ".bin");
+        t->damaged = 1;   // until the file has passed every check: a failure here is the checkpoint's
         if (bnb8_optimizer_load(t->opt, path)) return train_fail("%s", bnb8_last_error());
         float *masters = t->grads;   // the CPU's gradient buffer, free now; the GPU's host weights
         if (!masters || t->lay.weights == BNB8_F32) masters = t->model.params_memory;
+        for (int i = 0; t->resumed.version >= 2 && i < bnb8_optimizer_count(t->opt); i++)
+            if (bnb8_optimizer_steps(t->opt, i) != t->resumed.opt_steps)
+                return train_fail("%s: tensor %d has taken %lld optimizer steps, the trainer state of step %lld says %lld: "
+                                  "files of different checkpoints; resume from an earlier checkpoint", path, i,
+                                  (long long)bnb8_optimizer_steps(t->opt, i), (long long)t->resumed.step,
+                                  (long long)t->resumed.opt_steps);
         if (t->resumed.version >= 2 && export_masters(t, masters)) return -1;
         if (t->resumed.version >= 2 && gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
             return train_fail("%s: the weights are not finite after loading it (%s): a damaged or incomplete file; "
                               "resume from an earlier checkpoint", path, where);
+        t->damaged = 0;
     }
     return 0;
 }
@@ -403,7 +414,7 @@ int state_writer(FILE *f, const void *state) {
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
                               s->recipe, s->optimizer, c->stable_embedding, (int64_t)s->seed, s->steps, s->release,
                               s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
-                              c->num_layers, c->num_heads, c->channels};
+                              c->num_layers, c->num_heads, c->channels, s->opt_steps};
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
@@ -431,7 +442,7 @@ int state_load(TrainerState *s, const char *path) {
     s->version = w[1];
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
-    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14];
+    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21];
     int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
     int shape_ok = 1;
     for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
@@ -440,7 +451,8 @@ int state_load(TrainerState *s, const char *path) {
     if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= num_recipes ||
         s->optimizer < 0 || s->optimizer >= num_optimizers || (s->release != 0 && s->release != 1) || s->accum < 1 ||
         (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4) ||
-        (s->stable_embedding != 0 && s->stable_embedding != 1) || (s->version == 2 && s->weight_bytes == 0))
+        (s->stable_embedding != 0 && s->stable_embedding != 1) || (s->version == 2 && s->weight_bytes == 0) ||
+        s->opt_steps < 0 || s->opt_steps > s->step)
         return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
                           (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
     if (s->version == 2 && (!shape_ok || gpt2_config_check(&s->config, path))) {
@@ -461,7 +473,7 @@ static int64_t path_size(const char *path) { struct stat st; return stat(path, &
 // The optimizer file holds every weight as the run keeps it (with its master) and the states; the
 // trainer state the rest, with the model's shape: each piece once (DESIGN.md §8.4).
 int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes) {
-    char path[1024], where[160];
+    char path[TRAIN_PATH_MAX], where[160];
     // Weights that are no longer finite are never saved: the newest checkpoint stays a good one.
     if (gpt2_params_nonfinite(&s->config, masters, where, sizeof where))
         return train_fail("step %lld: the weights are not finite (%s): checkpoint not written; the newest complete "
@@ -483,26 +495,57 @@ int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, 
     return status;
 }
 
-int64_t checkpoint_latest(const char *dir) {
+// The step a DONE marker's name gives: exactly what checkpoint_path writes ("DONE_" and the step in
+// at least 8 digits, no more leading zeros), else 0.
+int64_t checkpoint_done_step(const char *name) {
+    size_t len = strlen(name);
+    if (strncmp(name, "DONE_", 5) != 0 || len < 13 || len > 5 + 13) return 0;   // steps up to 2^40: 13 digits
+    int64_t v = 0;
+    for (size_t i = 5; i < len; i++) {
+        if (name[i] < '0' || name[i] > '9') return 0;
+        v = 10 * v + (name[i] - '0');
+    }
+    char canonical[32];
+    snprintf(canonical, sizeof canonical, "DONE_%08lld", (long long)v);
+    return strcmp(canonical, name) == 0 ? v : 0;
+}
+
+int64_t checkpoint_before(const char *dir, int64_t limit) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     int64_t best = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        const char *n = e->d_name;
-        if (strncmp(n, "DONE_", 5) != 0 || strlen(n) != 13) continue;
-        int64_t v = 0, ok = 1;
-        for (int i = 5; i < 13; i++) { if (n[i] < '0' || n[i] > '9') ok = 0; v = 10 * v + (n[i] - '0'); }
-        if (ok && v > best) best = v;
+        int64_t v = checkpoint_done_step(e->d_name);
+        if (v > best && v < limit) best = v;
     }
     closedir(d);
     return best;
 }
+int64_t checkpoint_latest(const char *dir) { return checkpoint_before(dir, INT64_MAX); }
 
-static int ensure_dir(const char *dir) {
+// The -o directory, before anything trains (DESIGN.md §8.4): made if missing, its path short enough
+// for every checkpoint file, writable (a probe file made and removed), and this run's alone: an
+// exclusive lock on its LOCK file, held until the run ends (trainer_free).
+static int open_dir(Trainer *t, const char *dir) {
     struct stat st;
-    if (stat(dir, &st) == 0) return S_ISDIR(st.st_mode) ? 0 : train_fail("output path %s is not a directory", dir);
-    if (mkdir(dir, 0755) != 0) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
+    size_t len = strlen(dir);
+    if (len > TRAIN_PATH_MAX - 64)
+        return train_fail("the output directory's path is %zu bytes, at most %d are supported: use a shorter -o", len,
+                          TRAIN_PATH_MAX - 64);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) return train_fail("output path %s is not a directory", dir);
+    if (stat(dir, &st) != 0 && mkdir(dir, 0755) != 0) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
+    char path[TRAIN_PATH_MAX];
+    snprintf(path, sizeof path, "%s/.probe_%ld", dir, (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || close(fd) != 0 || remove(path) != 0)
+        return train_fail("cannot write into the output directory %s (%s): found before training, so that the run "
+                          "does not end without its checkpoints", dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/LOCK", dir);
+    t->lock_fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (t->lock_fd < 0) return train_fail("cannot create %s: %s", path, strerror(errno));
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return train_fail("%s is in use by another run (it holds %s): give each run its own -o", dir, path);
     return 0;
 }
 
@@ -864,11 +907,15 @@ static int check_settings(Trainer *t) {
 static int resume_state(Trainer *t) {
     const TrainArgs *a = &t->a;
     TrainerState *st = &t->resumed;
-    char path[1024];
+    char path[TRAIN_PATH_MAX];
     checkpoint_path(path, sizeof path, a->out_dir, "state", t->start, ".bin");
+    t->damaged = 1;   // a failure of the checkpoint's files (not of this run's settings): trainer_open falls back
     if (state_load(st, path)) return -1;
+    if (st->step != t->start)
+        return train_fail("%s: the trainer state of step %lld: files of different checkpoints", path, (long long)st->step);
+    t->damaged = 0;
     int ri = (int)(t->recipe - recipes), oi = (int)(t->oc - optimizers);
-    if (st->step != t->start || st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
+    if (st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
         st->release != a->release || st->accum != a->accum)
         return train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
                           "release %lld; this run asks for B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, release %d", path,
@@ -880,12 +927,15 @@ static int resume_state(Trainer *t) {
     if (wb != (int64_t)bnb8_dtype_size(t->lay.weights))
         return train_fail("%s: the checkpoint keeps %s weights, this run %s ones: resume it on the model it was made "
                           "with (-D, -P)", path, wb == 4 ? "fp32" : "bf16", dtype_name(t->lay.weights));
+    t->damaged = 1;
     if (st->version == 1) {   // the older layout: the fp32 masters in an llm.c model file beside it
         checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
         if (access(t->model_path, F_OK) != 0)
             return train_fail("%s: a checkpoint of the older layout (trainer state version 1), whose model file %s is "
                               "missing: restore that file, or resume from a newer checkpoint", path, t->model_path);
-        return gpt2_load(&t->model, t->model_path);
+        if (gpt2_load(&t->model, t->model_path)) return -1;
+        t->damaged = 0;
+        return 0;
     }
     // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
     // restore cannot pass for a weight (checked after the load, optimizer_open).
@@ -894,6 +944,7 @@ static int resume_state(Trainer *t) {
     if (size < least)   // checked before allocating: a bad shape cannot ask for terabytes
         return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes: a damaged or "
                           "mismatched checkpoint", t->model_path, (long long)size, (long long)gpt2_num_parameters(&st->config), path);
+    t->damaged = 0;
     if (gpt2_create(&t->model, &st->config)) return -1;
     for (int64_t i = 0; i < t->model.num_parameters; i++) t->model.params_memory[i] = NAN;
     return 0;
@@ -901,10 +952,13 @@ static int resume_state(Trainer *t) {
 
 static int open_model(Trainer *t) {
     const TrainArgs *a = &t->a;
-    if (a->out_dir[0] && ensure_dir(a->out_dir)) return -1;
+    if (a->out_dir[0] && open_dir(t, a->out_dir)) return -1;
     if (a->resume) {
-        t->start = checkpoint_latest(a->out_dir);
+        t->start = checkpoint_before(a->out_dir, t->resume_limit);
         if (t->start == 0 && a->verbose) printf("note: no complete checkpoint in %s: starting from step 0\n", a->out_dir);
+    } else if (a->out_dir[0] && checkpoint_latest(a->out_dir) > 0) {   // it would overwrite them step by step
+        return train_fail("%s holds the checkpoints of a run (the newest at step %lld): resume it with -y 1, or start "
+                          "afresh in another -o (or after removing them)", a->out_dir, (long long)checkpoint_latest(a->out_dir));
     }
     snprintf(t->model_path, sizeof t->model_path, "%s", a->model);
     size_t len = strlen(a->model);
@@ -955,8 +1009,10 @@ static int open_data(Trainer *t) {
 
 // 4. The device and the optimizer; a resumed run takes the data position and the RNG of its checkpoint.
 
-int trainer_open(Trainer *t, const TrainArgs *a) {
+static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
     memset(t, 0, sizeof *t);
+    t->lock_fd = -1;
+    t->resume_limit = limit;
     t->a = *a;
     if (!t->a.val_path) t->a.val_path = "";
     if (!t->a.tokenizer_path) t->a.tokenizer_path = "";
@@ -976,7 +1032,26 @@ int trainer_open(Trainer *t, const TrainArgs *a) {
     return 0;
 }
 
+// A resume whose newest complete checkpoint is damaged (a file that does not load, weights that are
+// not finite, files of different steps) falls back to the one before, saying so; when none is left,
+// the newest one's error.
+int trainer_open(Trainer *t, const TrainArgs *a) {
+    char newest[sizeof train_error_text] = "";
+    int64_t limit = INT64_MAX;
+    for (;;) {
+        if (trainer_open_before(t, a, limit) == 0) return 0;
+        if (!t->damaged) return -1;
+        if (!newest[0]) snprintf(newest, sizeof newest, "%s", train_error_text);
+        limit = t->start;
+        trainer_free(t);
+        if (checkpoint_before(a->out_dir, limit) == 0) return train_fail("%s (and no earlier complete checkpoint)", newest);
+        if (a->verbose) printf("warning: checkpoint %lld cannot be resumed: %s\nwarning: resuming from the one before\n",
+                               (long long)limit, train_error_text);
+    }
+}
+
 void trainer_free(Trainer *t) {
+    if (t->lock_fd > 0) close(t->lock_fd);   // releases the -o directory's lock
     bnb8_optimizer_free(t->opt);
     if (t->dev) t->dev->close(t);
     loader_free(&t->loader);
@@ -1155,7 +1230,8 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     const TrainArgs *a = &t->a;
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
-                         (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config};
+                         (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
+                         bnb8_optimizer_steps(t->opt, 0)};
     float *masters;
     if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
     if (a->verbose)

@@ -120,16 +120,22 @@ typedef struct {
     int64_t weight_bytes;     // the run's weights: 4 fp32, 2 bf16 (word 14; 0 in older files: read as
                               // fp32 for an fp32-master recipe, bf16 for the others)
     int64_t version;          // of the file read (1: the model file holds the weights); written: 2
-    GPT2Config config;        // the model's shape (version 2, words 15..21)
+    GPT2Config config;        // the model's shape (version 2, words 15..20)
+    int64_t opt_steps;        // every optimizer tensor's step count (version 2, word 21): the optimizer
+                              // file must match it (files of different steps are not one checkpoint)
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
+// Paths of checkpoint files: an -o of up to TRAIN_PATH_MAX - 64 bytes (longer ones are refused at start).
+#define TRAIN_PATH_MAX 4096
 void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext);
 // Writes the checkpoint of step s->step (s->config is the model's shape): refused, with nothing
 // written, when one of the fp32 masters (layout of s->config) is not finite. *bytes (may be NULL):
 // the checkpoint's size, its files' bytes.
 int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes);
 int64_t checkpoint_latest(const char *dir);   // the newest step with a DONE marker, or 0
+int64_t checkpoint_before(const char *dir, int64_t limit);   // the newest below limit, or 0
+int64_t checkpoint_done_step(const char *name);   // the step of a DONE marker's name, or 0
 
 // The GPU row's state (gpt2_cuda's model, its gradients, what the release callback needs).
 typedef struct {
@@ -183,7 +189,10 @@ struct Trainer {
     const Device *dev;
     char where[192];                 // the device, for the banner and the report
     GPT2 model;                      // CPU: the model; GPU: the host copy of its weights
-    char model_path[1024];
+    char model_path[TRAIN_PATH_MAX];
+    int lock_fd;                      // the -o directory's lock (LOCK, flock'ed), or -1
+    int64_t resume_limit;             // resume from the newest complete checkpoint before this step
+    int damaged;                      // the last failure was the checkpoint's (trainer_open falls back)
     TokenFile train_file, val_file;
     Tokenizer tok;
     DataLoader loader;

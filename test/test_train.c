@@ -969,18 +969,18 @@ static void test_state_files(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d2c32h2v60t16");
     c.stable_embedding = 1;
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
     uint8_t *d = slurp(good, &size);
     if (!d) { EXPECT(0, "cannot read %s", good); return; }
     // The words as DESIGN.md §8.5 lays them out.
-    int64_t w[32], want[21] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
-                               16, 60, 64, 2, 2, 32};
+    int64_t w[32], want[22] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
+                               16, 60, 64, 2, 2, 32, 6};
     EXPECT(size == 256, "version 2 state file: %lld bytes, expected 256", (long long)size);
     if (size == 256) memcpy(w, d, 256);
-    for (int k = 0; k < 21 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
+    for (int k = 0; k < 22 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
     free(d);
     if (size != 256) return;
     // Every field refused by the loader, the checksum made right so that it is the field that fails.
@@ -989,7 +989,8 @@ static void test_state_files(void) {
         {7, 99, "inconsistent", "bad recipe"}, {13, -1, "inconsistent", "negative micro-batches"},
         {14, 3, "inconsistent", "3-byte weights"}, {14, 0, "inconsistent", "no weight size"},
         {9, 2, "inconsistent", "StableEmbedding 2"}, {19, 3, "bad model shape", "C not a multiple of NH"},
-        {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"}};
+        {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"},
+        {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[32];
         memcpy(v, w, sizeof v);

@@ -7,7 +7,7 @@ state version 1 the model file beside them, and the checks between them).
 Input: an archive of directory entries, each [u8 kind][u8 step][u16 length, little-endian][bytes]:
   kind % 8 = 0 DONE_<step>, 1 model_<step>.bin, 2 optim_<step>.bin, 3 state_<step>.bin (the bytes
   are the file), 4 a file whose name is the bytes (letters, digits, '_' and '.' kept), 5 a leftover
-  temporary <model|optim|state>_<step>.bin.tmp, 6 DONE_<u32 of the bytes, 8 digits>, 7 a directory
+  temporary <model|optim|state>_<step>.bin.tmp, 6 DONE_<u32 of the bytes, at least 8 digits>, 7 a directory
   DONE_<step>.
 The harness makes that directory, checks checkpoint_latest against its own reading of the names,
 then resumes one step from it (B, T, recipe and optimizer as the trainer state file says, when they
@@ -31,11 +31,13 @@ static void put_file(const char *dir, const char *name, const uint8_t *data, siz
     fclose(f);
 }
 
-// The step a DONE marker names: "DONE_" and 8 digits, else 0 (the trainer's rule, written again).
+// The step a DONE marker names: "DONE_" and at least 8 digits without extra leading zeros, at
+// most 13 (the trainer's rule, written again), else 0.
 static int64_t done_step(const char *name) {
-    if (strncmp(name, "DONE_", 5) != 0 || strlen(name) != 13) return 0;
+    size_t len = strlen(name);
+    if (strncmp(name, "DONE_", 5) != 0 || len < 13 || len > 18 || (len > 13 && name[5] == '0')) return 0;
     int64_t v = 0;
-    for (int i = 5; i < 13; i++) {
+    for (size_t i = 5; i < len; i++) {
         if (name[i] < '0' || name[i] > '9') return 0;
         v = 10 * v + (name[i] - '0');
     }
@@ -155,7 +157,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 6: {
             uint32_t v = 0;
             memcpy(&v, bytes, len < 4 ? len : 4);
-            snprintf(name, sizeof name, "DONE_%08u", v % 100000000u);
+            snprintf(name, sizeof name, "DONE_%08u", v);   // up to 10 digits: steps past 10^8 too
             len = 0;
             break;
         }
