@@ -10,8 +10,9 @@ Input: an archive of directory entries, each [u8 kind][u8 step][u16 length, litt
   temporary <model|optim|state>_<step>.bin.tmp, 6 DONE_<u32 of the bytes, at least 8 digits>, 7 a directory
   DONE_<step>.
 The harness makes that directory, checks checkpoint_latest against its own reading of the names,
-then resumes one step from it (B, T, recipe and optimizer as the trainer state file says, when they
-are sane) on a fixed tokens file. A resume that works must leave a complete checkpoint one step on.
+then resumes to one step past it (B, T, recipe and optimizer as the trainer state file says, when
+they are sane) on a fixed tokens file. A resume that works must start from a complete checkpoint (the
+newest, or an earlier one when the newer are damaged) and leave a complete checkpoint one step on.
 */
 #define _POSIX_C_SOURCE 200809L
 #include "../../train_gpt2_8bit.h"
@@ -211,8 +212,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (getenv("FUZZ_DEBUG"))   // FUZZ_DEBUG=1 ./fuzz_checkpoint input...: what each resume did
             fprintf(stderr, "checkpoint %lld, %s %s B=%lld T=%lld: %s\n", (long long)latest, a.recipe, a.optimizer,
                     (long long)a.B, (long long)a.T, rc ? train_error_text : "resumed");
-        if (rc == 0) {
-            if (r.first_step != latest + 1 || checkpoint_latest(dir) != latest + 1) {
+        if (rc == 0) {   // from the newest complete checkpoint, or one before it when that one is damaged
+            char done[512];
+            checkpoint_path(done, sizeof done, dir, "DONE", r.first_step - 1, "");
+            struct stat st;
+            if (r.first_step < 2 || r.first_step > latest + 1 || stat(done, &st) != 0 || checkpoint_latest(dir) != latest + 1) {
                 fprintf(stderr, "resumed at step %lld from checkpoint %lld; newest now %lld\n", (long long)r.first_step,
                         (long long)latest, (long long)checkpoint_latest(dir));
                 abort();
