@@ -1190,8 +1190,10 @@ static void print_banner(Trainer *t) {
            (double)a->grad_clip);
     char micro[64] = "";
     if (a->accum > 1) snprintf(micro, sizeof micro, ", %lld micro-batches per step", (long long)a->accum);
-    printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
-           (long long)t->start + 1, (long long)t->end, (long long)a->steps, t->start > 0 ? " (resumed)" : "");
+    if (t->end > t->start)
+        printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
+               (long long)t->start + 1, (long long)t->end, (long long)a->steps, t->start > 0 ? " (resumed)" : "");
+    else printf("train    no steps: the checkpoint of step %lld as it is, for -X\n", (long long)t->start);
     print_memory(t);
     fflush(stdout);
 }
@@ -1334,8 +1336,10 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
     if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); printf("\n"); }
     printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s, after the first step)\n", res->tokens_per_second,
            (long long)pr->trained, (long long)(a->B * a->T * a->accum), pr->train_time);
-    printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)pr->first_loss, (long long)(t->start + 1),
-           (double)pr->last_loss, (long long)t->end);
+    if (t->end > t->start)
+        printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)pr->first_loss, (long long)(t->start + 1),
+               (double)pr->last_loss, (long long)t->end);
+    else printf("loss     no steps run (step %lld)", (long long)t->end);
     if (a->val_path[0] && !isnan(pr->val_first)) printf("; val %.4f -> %.4f", (double)pr->val_first, (double)pr->val_last);
     else if (a->val_path[0]) printf("; val %.4f (none at the start: -v 0 or a resumed run)", (double)pr->val_last);
     printf("\n");
