@@ -1047,28 +1047,30 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 // Optimizer state files (DESIGN.md §7). Little-endian:
 //   header: "BNB8OPT\0", u32 version, u32 optimizer kind, u32 tensor count, u32 CRC-32 of the above
 //   per tensor: u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
-//               u64 bytes, then the tensor's state memory as it lies (gradient-norm history,
-//               absmax (8-bit) or scales (flash) per state, 32-bit states, the weights'
-//               correction, code bytes per state), then, for a tensor whose weights carry a
-//               correction, the bf16/fp16 weights themselves (a correction means nothing without
-//               the exact weights it corrects, and import_fp32(export_fp32(w)) is not always w);
+//               u64 bytes, then the tensor's state memory as it lies (gradient-norm history, an
+//               fp32 master, absmax (8-bit) or scales (flash) per state, 32-bit states, an int8 or
+//               int16 correction, code bytes per state), then the weights as the tensor keeps them
+//               (fp32, bf16 or fp16; with a correction the exact weights it corrects), except
+//               beside an fp32 master, whose weights are RNE(master) and are rebuilt on load;
 //               u32 CRC-32 of the record
 //   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash); bits 8..15 the scale dtype
 //           of flash states, the map of 8-bit states (0 dynamic, 1 linear); bits 16..23 the
-//           correction bytes and bits 24..31 the weights' dtype of corrected weights. Block size:
-//           the 8-bit block size (0: one absmax per tensor), 32 for flash states.
-// Records of 32-bit states and of dynamic-map 8-bit states in blocks are unchanged since the first
-// files, so the version stays 1: an older reader refuses a flash, linear-map or per-tensor record
-// by its format or block size, and every reader reads the others.
+//           correction bytes; bits 24..31 the weights' dtype. Block size: the 8-bit block size (0:
+//           one absmax per tensor), 32 for flash states.
+// A file holds every byte the optimizer needs once: load restores the weights too, so a checkpoint
+// needs no other copy of them. Version 1 files (before the weights of every tensor were in them)
+// still load: they hold only corrected tensors' weights (all of them, masters' too), and their
+// format word gives the dtype only there; the other weights stay as they are.
 
 #define BNB8_STATE_MAGIC "BNB8OPT"
-#define BNB8_STATE_VERSION 1u
+#define BNB8_STATE_VERSION 2u
 
-static uint32_t bnb8_record_format(const bnb8_tensor *t) {
+static uint32_t bnb8_record_format(const bnb8_tensor *t, uint32_t version) {
     uint32_t f = (uint32_t)t->format;
     if (t->format == BNB8_STATE_FLASH) f |= (uint32_t)t->scale_dtype << 8;
     if (t->format == BNB8_STATE_8BIT) f |= (uint32_t)t->cfg.map << 8;
-    if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16 | (uint32_t)t->param_dtype << 24;
+    if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16;
+    if (t->correction_bytes || version >= 2) f |= (uint32_t)t->param_dtype << 24;
     return f;
 }
 static const char *bnb8_map_name(uint32_t map) {
@@ -1081,8 +1083,24 @@ static const char *bnb8_scale_name(uint32_t dtype) {
 static int64_t bnb8_record_block(const bnb8_tensor *t) {
     return t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : t->cfg.blocksize;
 }
-static size_t bnb8_record_weight_bytes(const bnb8_tensor *t) {
-    return t->correction_bytes ? bnb8_dtype_size(t->param_dtype) * (size_t)t->n : 0;
+// Bytes of weights after the state memory in a record of this version.
+static size_t bnb8_record_weight_bytes(const bnb8_tensor *t, uint32_t version) {
+    int stored = version >= 2 ? t->correction_bytes != 4 : t->correction_bytes != 0;
+    return stored ? bnb8_dtype_size(t->param_dtype) * (size_t)t->n : 0;
+}
+// Bytes of weights a load of this version restores: every tensor's (version 2: from the file, or
+// RNE of the fp32 master), corrected ones' only (version 1).
+static size_t bnb8_restored_weight_bytes(const bnb8_tensor *t, uint32_t version) {
+    return version >= 2 || t->correction_bytes ? bnb8_dtype_size(t->param_dtype) * (size_t)t->n : 0;
+}
+// Where a load stages the weights, after the state memory: 16-byte aligned.
+static size_t bnb8_weights_offset(const bnb8_tensor *t) { return (t->memory_bytes + 15) & ~(size_t)15; }
+// The bf16/fp16 weights of a tensor with an fp32 master, RNE(master), from its state memory as staged.
+static void bnb8_weights_from_master(const bnb8_tensor *t, void *staged) {
+    const float *master = (const float *)((const uint8_t *)staged + ((const uint8_t *)t->correction - (const uint8_t *)t->memory));
+    uint16_t *w = (uint16_t *)((uint8_t *)staged + bnb8_weights_offset(t));
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < t->n; i++) w[i] = bnb8_f32_to_narrow(master[i], t->param_dtype);
 }
 
 static uint32_t bnb8_crc32(uint32_t crc, const void *data, size_t len) {
@@ -1143,8 +1161,9 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     ok &= bnb8_write(f, &header_crc, 4, &crc);
     for (int i = 0; ok && !status && i < opt->num_tensors; i++) {
         const bnb8_tensor *t = &opt->tensors[i];
-        uint32_t name_len = (uint32_t)strlen(t->name), format = bnb8_record_format(t), nstates = (uint32_t)t->nstates;
-        size_t weight_bytes = bnb8_record_weight_bytes(t);
+        uint32_t name_len = (uint32_t)strlen(t->name), nstates = (uint32_t)t->nstates;
+        uint32_t format = bnb8_record_format(t, BNB8_STATE_VERSION);
+        size_t weight_bytes = bnb8_record_weight_bytes(t, BNB8_STATE_VERSION);
         uint64_t bytes = t->memory_bytes + weight_bytes;
         int64_t block = bnb8_record_block(t);
         void *host = NULL, *weights = t->param;
@@ -1199,8 +1218,9 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     uint32_t header_crc = crc;
     if (!status && (!bnb8_read(f, &stored_crc, 4, &crc) || stored_crc != header_crc))
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: header CRC mismatch", fn, path);
-    if (!status && header[0] != BNB8_STATE_VERSION)
-        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has version %u, expected %u", fn, path, header[0], BNB8_STATE_VERSION);
+    uint32_t version = header[0];
+    if (!status && (version < 1 || version > BNB8_STATE_VERSION))
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has version %u, expected 1..%u", fn, path, version, BNB8_STATE_VERSION);
     if (!status && header[1] != (uint32_t)opt->kind)
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds optimizer kind %u, this optimizer is %d", fn, path, header[1], (int)opt->kind);
     if (!status && header[2] != (uint32_t)count)
@@ -1221,7 +1241,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
         ok = bnb8_read(f, &n, 8, &crc) && bnb8_read(f, &format, 4, &crc) && bnb8_read(f, &nstates, 4, &crc) &&
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
-        size_t want_bytes = t->memory_bytes + bnb8_record_weight_bytes(t);
+        size_t file_weights = bnb8_record_weight_bytes(t, version), want_bytes = t->memory_bytes + file_weights;
         uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record; of a flash record, its scale dtype
         if (t->format == BNB8_STATE_8BIT && (format & 0xffu) == BNB8_STATE_8BIT &&
             (map != (uint32_t)t->cfg.map || blocksize != t->cfg.blocksize)) {
@@ -1239,33 +1259,39 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
                                bnb8_scale_name((uint32_t)t->scale_dtype));
             break;
         }
-        if (n != t->n || format != bnb8_record_format(t) || nstates != (uint32_t)t->nstates ||
+        if (n != t->n || format != bnb8_record_format(t, version) || nstates != (uint32_t)t->nstates ||
             (t->format != BNB8_STATE_32BIT && blocksize != bnb8_record_block(t)) || bytes != want_bytes) {
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has n %lld, format 0x%x, %u states, block %lld, %llu bytes; "
                                "registered: n %lld, format 0x%x, %d states, block %lld, %zu bytes", fn, path, name,
                                (long long)n, format, nstates, (long long)blocksize, (unsigned long long)bytes,
-                               (long long)t->n, bnb8_record_format(t), t->nstates, (long long)bnb8_record_block(t), want_bytes);
+                               (long long)t->n, bnb8_record_format(t, version), t->nstates, (long long)bnb8_record_block(t), want_bytes);
             break;
         }
         if (steps[i] < 0 || steps[i] > BNB8_MAX_ELEMENTS) {   // stepping on could overflow a huge count
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' has step count %lld", fn, path, name, (long long)steps[i]);
             break;
         }
-        if (bytes && !(staged[i] = malloc(bytes))) { status = bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); break; }
+        // staged: the state memory, then (aligned) the weights the load restores, from the file or
+        // rebuilt from an fp32 master
+        size_t restored = bnb8_restored_weight_bytes(t, version), at = bnb8_weights_offset(t);
+        size_t staged_bytes = restored ? at + restored : t->memory_bytes;
+        if (staged_bytes && !(staged[i] = malloc(staged_bytes))) { status = bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); break; }
         uint32_t record_crc = 0;
-        if (!bnb8_read(f, staged[i], bytes, &crc) || (record_crc = crc, !bnb8_read(f, &stored_crc, 4, &crc))) {
+        if (!bnb8_read(f, staged[i], t->memory_bytes, &crc) || !bnb8_read(f, (uint8_t *)staged[i] + at, file_weights, &crc) ||
+            (record_crc = crc, !bnb8_read(f, &stored_crc, 4, &crc))) {
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name);
             break;
         }
         if (stored_crc != record_crc) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s': CRC mismatch", fn, path, name);
+        if (!status && restored > file_weights) bnb8_weights_from_master(t, staged[i]);
     }
     if (!status && fgetc(f) != EOF) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has bytes after its last tensor", fn, path);
     fclose(f);
     // Every record is valid: only now change the optimizer.
     for (ptrdiff_t i = 0; !status && i < count; i++) {
         bnb8_tensor *t = &opt->tensors[i];
-        size_t weight_bytes = bnb8_record_weight_bytes(t);
-        const uint8_t *weights = staged[i] ? (const uint8_t *)staged[i] + t->memory_bytes : NULL;   // NULL: empty record
+        size_t weight_bytes = bnb8_restored_weight_bytes(t, version);
+        const uint8_t *weights = weight_bytes ? (const uint8_t *)staged[i] + bnb8_weights_offset(t) : NULL;
         if (t->on_gpu) {
             status = bnb8_cuda_copy(t->memory, staged[i], t->memory_bytes, 1);
             if (!status && weight_bytes) status = bnb8_cuda_copy(t->param, weights, weight_bytes, 1);

@@ -490,10 +490,14 @@ static int gpt2_alloc_params(GPT2 *m) {
 // of INIT_CHUNK elements of a tensor draws from its own stream (seed, tensor, chunk), so the chunks
 // fill in parallel with the same bits on any number of threads (7e9 weights in seconds).
 #define INIT_CHUNK 65536
-int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed) {
+int gpt2_create(GPT2 *m, const GPT2Config *c) {
     memset(m, 0, sizeof *m);
     m->config = *c;
-    if (gpt2_config_check(c, "model") || gpt2_alloc_params(m)) return -1;
+    return gpt2_config_check(c, "model") || gpt2_alloc_params(m) ? -1 : 0;
+}
+
+int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed) {
+    if (gpt2_create(m, c)) return -1;
     int64_t C = c->channels, V = c->vocab_size;
     float resid_std = 0.02f / sqrtf(2.0f * (float)c->num_layers), xavier = sqrtf(6.0f / (float)(V + C));
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {

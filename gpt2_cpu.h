@@ -106,6 +106,8 @@ int gpt2_config_check(const GPT2Config *c, const char *where);
 // rounded up to a multiple of 64 (50304 for GPT-2, as llm.c). StableEmbedding is left off.
 int gpt2_config_from_descriptor(GPT2Config *c, const char *desc);
 
+// A model of shape c with zero weights (to be filled: a checkpoint's optimizer file); no activations.
+int gpt2_create(GPT2 *m, const GPT2Config *c);
 // A model of shape c with GPT-2's initialization from seed (the same bits on any number of
 // threads); no activations yet.
 int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed);

@@ -8,8 +8,9 @@ gradient release there.
 One file read top to bottom, in the spirit of llm.c's train_gpt2.c:
   - recipes and optimizers: tables of rows that drive both devices;
   - settings: the command line, its defaults, the learning-rate schedule;
-  - checkpoints: model (fp32 masters) + optimizer state + trainer state + DONE marker, each written
-    atomically, and the bit-exact resume from them;
+  - checkpoints: the optimizer state (every weight as the run keeps it, its master, the states) +
+    the trainer state + a DONE marker, each written atomically, each piece of state once, and the
+    bit-exact resume from them; llm.c model files out (-X: fp32 version 3 or bf16 version 5) and in;
   - the devices: one table of operations with a CPU row and a GPU row, the only place where the
     two differ;
   - the run, phase by phase: settings, model, data, device and optimizer, banner, steps, results,
@@ -25,6 +26,7 @@ Build and run: `make train` (`GPU=1`: build/train_gpt2_8bit_cuda), `./build/trai
 Compiled with -DTRAIN_NO_MAIN this file has no main, for the tests.
 */
 #define _POSIX_C_SOURCE 200809L   // mkdir, opendir, clock_gettime
+#define _DEFAULT_SOURCE           // flock
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -36,6 +38,8 @@ Compiled with -DTRAIN_NO_MAIN this file has no main, for the tests.
 #include <sys/types.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -176,13 +180,28 @@ static int export_masters(const Trainer *t, float *out) {
     return 0;
 }
 
-// The optimizer over the tensors the device row placed, and, when resuming, its checkpointed state.
+// The optimizer over the tensors the device row placed, and, when resuming, its checkpointed state:
+// the states and, from a checkpoint of trainer state version 2, every weight, which must then be finite.
 static int optimizer_open(Trainer *t) {
     if (optimizer_build(t)) return -1;
     if (t->start > 0) {
-        char path[1024];
+        char path[TRAIN_PATH_MAX], where[160];
         checkpoint_path(path, sizeof path, t->a.out_dir, "optim", t->start, ".bin");
+        t->damaged = 1;   // until the file has passed every check: a failure here is the checkpoint's
         if (bnb8_optimizer_load(t->opt, path)) return train_fail("%s", bnb8_last_error());
+        float *masters = t->grads;   // the CPU's gradient buffer, free now; the GPU's host weights
+        if (!masters || t->lay.weights == BNB8_F32) masters = t->model.params_memory;
+        for (int i = 0; t->resumed.version >= 2 && i < bnb8_optimizer_count(t->opt); i++)
+            if (bnb8_optimizer_steps(t->opt, i) != t->resumed.opt_steps)
+                return train_fail("%s: tensor %d has taken %lld optimizer steps, the trainer state of step %lld says %lld: "
+                                  "files of different checkpoints; resume from an earlier checkpoint", path, i,
+                                  (long long)bnb8_optimizer_steps(t->opt, i), (long long)t->resumed.step,
+                                  (long long)t->resumed.opt_steps);
+        if (t->resumed.version >= 2 && export_masters(t, masters)) return -1;
+        if (t->resumed.version >= 2 && gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
+            return train_fail("%s: the weights are not finite after loading it (%s): a damaged or incomplete file; "
+                              "resume from an earlier checkpoint", path, where);
+        t->damaged = 0;
     }
     return 0;
 }
@@ -212,6 +231,7 @@ void train_args_default(TrainArgs *a) {
     a->stable_embedding = -1;
     a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 48; a->ckpt_every = 0;
     a->stop_after = 0; a->seed = 1337; a->resume = 0; a->verbose = 1;
+    a->export_path = ""; a->export_bf16 = 1;
 }
 
 float lr_schedule(const TrainArgs *a, float lr, int64_t s) {
@@ -231,7 +251,9 @@ void usage(FILE *f) {
         "  -z <file>   tokenizer, \"\" for none          (default %s)\n"
         "  -e <model>  descriptor dL[cC][hH][vV][tT] (d12 = GPT-2 124M, d4c128h4, ...) or an llm.c\n"
         "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
-        "  -o <dir>    output directory for checkpoints (default none)\n"
+        "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
+        "              with its master, and the states) + the trainer state; fp32 12, 8bit 6.03, 8bit-int8 5.03,\n"
+        "              flash 5.125 bytes per parameter (README) (default none)\n"
         "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash (README's table)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
@@ -256,9 +278,14 @@ void usage(FILE *f) {
         "  -s <int>    print a sample every this many steps, 0 = only at the end (default %lld)\n"
         "  -G <int>    tokens per sample, 0 = none      (default %lld)\n"
         "  -k <int>    checkpoint every this many steps (and at the end) into -o (default %lld = end only)\n"
-        "  -y <0|1>    resume from the newest complete checkpoint in -o (default %d)\n"
+        "  -y <0|1>    resume from the newest complete checkpoint in -o (a damaged one: the one before); without\n"
+        "              it an -o that holds checkpoints is refused (default %d)\n"
         "  -x <int>    stop after this step, checkpointing it; the schedule still spans -n (default off)\n"
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
+        "  -X <file>   at the end, write the weights as an llm.c model file (-F); with -y 1 and the newest\n"
+        "              checkpoint at or past -n (e.g. -n 1), that checkpoint's, without training (default none)\n"
+        "  -F <name>   -X's format: bf16 (version 5, llm.c's default build) | fp32 (version 3, PRECISION=FP32)\n"
+        "              (default bf16)\n"
         "  -h          this text\n"
         "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release by default for\n"
         "flash only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
@@ -297,7 +324,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxd", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxdXF", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -346,6 +373,10 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'y': st = parse_int(f, v, 0, 1, &n); a->resume = (int)n; break;
         case 'x': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->stop_after); break;
         case 'd': st = parse_int(f, v, 0, INT64_MAX, &n); a->seed = (uint64_t)n; break;
+        case 'X': a->export_path = v; break;
+        case 'F': a->export_bf16 = strcmp(v, "bf16") == 0;
+            if (!a->export_bf16 && strcmp(v, "fp32") != 0) st = train_fail("-F: unknown model file format '%s' (bf16, fp32)", v);
+            break;
         default: return train_fail("unknown flag '%s'", f);
         }
         if (st) return -1;
@@ -370,35 +401,65 @@ void apply_gpu_defaults(TrainArgs *a, const char given[128]) {
 // ------------------------------------------------------------------------------------------------
 // Checkpoints (train_gpt2_8bit.h, DESIGN.md §8.4, §8.5)
 
+// FNV-1a, 64 bits, of the trainer state's words before the last: a damaged file is refused.
+static int64_t state_checksum(const int64_t *w, int words) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint8_t *p = (const uint8_t *)w;
+    for (size_t i = 0; i < sizeof(int64_t) * (size_t)words; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return (int64_t)h;
+}
+
 int state_writer(FILE *f, const void *state) {
     const TrainerState *s = (const TrainerState *)state;
+    const GPT2Config *c = &s->config;
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
-                              s->recipe, s->optimizer, s->stable_embedding, (int64_t)s->seed, s->steps, s->release,
-                              s->accum, s->weight_bytes};
+                              s->recipe, s->optimizer, c->stable_embedding, (int64_t)s->seed, s->steps, s->release,
+                              s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
+                              c->num_layers, c->num_heads, c->channels, s->opt_steps};
+    w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
+// Version 2 (STATE_WORDS words, the model's shape, a checksum) or version 1 (16 words, the shape in
+// the checkpoint's model file).
 int state_load(TrainerState *s, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return train_fail("cannot open trainer state file %s: %s", path, strerror(errno));
-    int64_t w[STATE_WORDS], size;
+    int64_t w[STATE_WORDS] = {0}, size;
     int status = file_size_of(f, path, &size);
-    if (!status && size != (int64_t)sizeof w)
-        status = train_fail("%s: %s trainer state file: %lld bytes, expected %zu", path,
-                            size < (int64_t)sizeof w ? "truncated" : "oversized", (long long)size, sizeof w);
-    if (!status && fread(w, sizeof w, 1, f) != 1) status = train_fail("%s: read failed", path);
+    if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
+    int64_t words = w[1] == 1 ? 16 : STATE_WORDS;   // by the version, when the file has one
+    if (!status && size != 8 * words)
+        status = train_fail("%s: %s trainer state file: %lld bytes, expected %lld", path,
+                            size < 8 * words ? "truncated" : "oversized", (long long)size, (long long)(8 * words));
+    if (!status && fread(w + 2, 8 * (size_t)(words - 2), 1, f) != 1) status = train_fail("%s: read failed", path);
     fclose(f);
     if (!status && w[0] != STATE_MAGIC) status = train_fail("%s: not a trainer state file (magic %lld)", path, (long long)w[0]);
-    if (!status && w[1] != STATE_VERSION) status = train_fail("%s: trainer state version %lld, expected %d", path, (long long)w[1], STATE_VERSION);
+    if (!status && w[1] != 1 && w[1] != STATE_VERSION)
+        status = train_fail("%s: trainer state version %lld, expected 1 or %d", path, (long long)w[1], STATE_VERSION);
+    if (!status && w[1] == STATE_VERSION && w[STATE_WORDS - 1] != state_checksum(w, STATE_WORDS - 1))
+        status = train_fail("%s: trainer state checksum mismatch (a damaged file)", path);
     if (status) return status;
+    s->version = w[1];
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
-    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14];
+    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21];
+    int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
+    int shape_ok = 1;
+    for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
+    GPT2Config c = {(int)shape[0], (int)shape[1], (int)shape[2], (int)shape[3], (int)shape[4], (int)shape[5], (int)w[9]};
+    s->config = c;
     if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= num_recipes ||
         s->optimizer < 0 || s->optimizer >= num_optimizers || (s->release != 0 && s->release != 1) || s->accum < 1 ||
-        (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4))
+        (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4) ||
+        (s->stable_embedding != 0 && s->stable_embedding != 1) || (s->version == 2 && s->weight_bytes == 0) ||
+        s->opt_steps < 0 || s->opt_steps > s->step)
         return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
                           (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
+    if (s->version == 2 && (!shape_ok || gpt2_config_check(&s->config, path))) {
+        if (!shape_ok) train_fail("%s: inconsistent trainer state (model shape out of range)", path);
+        return -1;
+    }
     return 0;
 }
 
@@ -408,48 +469,84 @@ void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, 
     snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, ext);
 }
 
-int checkpoint_save(const char *dir, const GPT2Config *c, const float *masters, bnb8_optimizer *opt,
-                    const TrainerState *s) {
-    char path[1024], where[160];
+static int64_t path_size(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
+
+// The optimizer file holds every weight as the run keeps it (with its master) and the states; the
+// trainer state the rest, with the model's shape: each piece once (DESIGN.md §8.4).
+int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes) {
+    char path[TRAIN_PATH_MAX], where[160];
     // Weights that are no longer finite are never saved: the newest checkpoint stays a good one.
-    if (gpt2_params_nonfinite(c, masters, where, sizeof where))
+    if (gpt2_params_nonfinite(&s->config, masters, where, sizeof where))
         return train_fail("step %lld: the weights are not finite (%s): checkpoint not written; the newest complete "
                           "checkpoint in %s is the last good one", (long long)s->step, where, dir);
-    static const char *kinds[3] = {"model", "optim", "state"};
+    static const char *kinds[2] = {"optim", "state"};
     int status = 0;
-    checkpoint_path(path, sizeof path, dir, "model", s->step, ".bin");
-    if (gpt2_save_params(c, masters, path, 0)) status = -1;
+    int64_t total = 0;
     checkpoint_path(path, sizeof path, dir, "optim", s->step, ".bin");
-    if (!status && bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
+    if (bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
+    total += path_size(path);
     checkpoint_path(path, sizeof path, dir, "state", s->step, ".bin");
     if (!status) status = write_atomically(path, state_writer, s);
+    total += path_size(path);
     checkpoint_path(path, sizeof path, dir, "DONE", s->step, "");
     if (!status) status = write_atomically(path, empty_writer, NULL);
     if (status)    // no DONE: the files of this step are useless; a full disk gets their space back
-        for (int k = 0; k < 3; k++) { checkpoint_path(path, sizeof path, dir, kinds[k], s->step, ".bin"); remove(path); }
+        for (int k = 0; k < 2; k++) { checkpoint_path(path, sizeof path, dir, kinds[k], s->step, ".bin"); remove(path); }
+    if (bytes) *bytes = status ? 0 : total;
     return status;
 }
 
-int64_t checkpoint_latest(const char *dir) {
+// The step a DONE marker's name gives: exactly what checkpoint_path writes ("DONE_" and the step in
+// at least 8 digits, no more leading zeros), else 0.
+int64_t checkpoint_done_step(const char *name) {
+    size_t len = strlen(name);
+    if (strncmp(name, "DONE_", 5) != 0 || len < 13 || len > 5 + 13) return 0;   // steps up to 2^40: 13 digits
+    int64_t v = 0;
+    for (size_t i = 5; i < len; i++) {
+        if (name[i] < '0' || name[i] > '9') return 0;
+        v = 10 * v + (name[i] - '0');
+    }
+    char canonical[32];
+    snprintf(canonical, sizeof canonical, "DONE_%08lld", (long long)v);
+    return strcmp(canonical, name) == 0 ? v : 0;
+}
+
+int64_t checkpoint_before(const char *dir, int64_t limit) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     int64_t best = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        const char *n = e->d_name;
-        if (strncmp(n, "DONE_", 5) != 0 || strlen(n) != 13) continue;
-        int64_t v = 0, ok = 1;
-        for (int i = 5; i < 13; i++) { if (n[i] < '0' || n[i] > '9') ok = 0; v = 10 * v + (n[i] - '0'); }
-        if (ok && v > best) best = v;
+        int64_t v = checkpoint_done_step(e->d_name);
+        if (v > best && v < limit) best = v;
     }
     closedir(d);
     return best;
 }
+int64_t checkpoint_latest(const char *dir) { return checkpoint_before(dir, INT64_MAX); }
 
-static int ensure_dir(const char *dir) {
+// The -o directory, before anything trains (DESIGN.md §8.4): made if missing, its path short enough
+// for every checkpoint file, writable (a probe file made and removed), and this run's alone: an
+// exclusive lock on its LOCK file, held until the run ends (trainer_free).
+static int open_dir(Trainer *t, const char *dir) {
     struct stat st;
-    if (stat(dir, &st) == 0) return S_ISDIR(st.st_mode) ? 0 : train_fail("output path %s is not a directory", dir);
-    if (mkdir(dir, 0755) != 0) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
+    size_t len = strlen(dir);
+    if (len > TRAIN_PATH_MAX - 64)
+        return train_fail("the output directory's path is %zu bytes, at most %d are supported: use a shorter -o", len,
+                          TRAIN_PATH_MAX - 64);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) return train_fail("output path %s is not a directory", dir);
+    if (stat(dir, &st) != 0 && mkdir(dir, 0755) != 0) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
+    char path[TRAIN_PATH_MAX];
+    snprintf(path, sizeof path, "%s/.probe_%ld", dir, (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || close(fd) != 0 || remove(path) != 0)
+        return train_fail("cannot write into the output directory %s (%s): found before training, so that the run "
+                          "does not end without its checkpoints", dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/LOCK", dir);
+    t->lock_fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (t->lock_fd < 0) return train_fail("cannot create %s: %s", path, strerror(errno));
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return train_fail("%s is in use by another run (it holds %s): give each run its own -o", dir, path);
     return 0;
 }
 
@@ -811,11 +908,15 @@ static int check_settings(Trainer *t) {
 static int resume_state(Trainer *t) {
     const TrainArgs *a = &t->a;
     TrainerState *st = &t->resumed;
-    char path[1024];
+    char path[TRAIN_PATH_MAX];
     checkpoint_path(path, sizeof path, a->out_dir, "state", t->start, ".bin");
+    t->damaged = 1;   // a failure of the checkpoint's files (not of this run's settings): trainer_open falls back
     if (state_load(st, path)) return -1;
+    if (st->step != t->start)
+        return train_fail("%s: the trainer state of step %lld: files of different checkpoints", path, (long long)st->step);
+    t->damaged = 0;
     int ri = (int)(t->recipe - recipes), oi = (int)(t->oc - optimizers);
-    if (st->step != t->start || st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
+    if (st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
         st->release != a->release || st->accum != a->accum)
         return train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
                           "release %lld; this run asks for B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, release %d", path,
@@ -827,16 +928,38 @@ static int resume_state(Trainer *t) {
     if (wb != (int64_t)bnb8_dtype_size(t->lay.weights))
         return train_fail("%s: the checkpoint keeps %s weights, this run %s ones: resume it on the model it was made "
                           "with (-D, -P)", path, wb == 4 ? "fp32" : "bf16", dtype_name(t->lay.weights));
-    checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
-    return gpt2_load(&t->model, t->model_path);
+    t->damaged = 1;
+    if (st->version == 1) {   // the older layout: the fp32 masters in an llm.c model file beside it
+        checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
+        if (access(t->model_path, F_OK) != 0)
+            return train_fail("%s: a checkpoint of the older layout (trainer state version 1), whose model file %s is "
+                              "missing: restore that file, or resume from a newer checkpoint", path, t->model_path);
+        if (gpt2_load(&t->model, t->model_path)) return -1;
+        t->damaged = 0;
+        return 0;
+    }
+    // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
+    // restore cannot pass for a weight (checked after the load, optimizer_open).
+    checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "optim", t->start, ".bin");
+    int64_t least = gpt2_num_parameters(&st->config) * wb, size = path_size(t->model_path);
+    if (size < least)   // checked before allocating: a bad shape cannot ask for terabytes
+        return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes: a damaged or "
+                          "mismatched checkpoint", t->model_path, (long long)size, (long long)gpt2_num_parameters(&st->config), path);
+    t->damaged = 0;
+    if (gpt2_create(&t->model, &st->config)) return -1;
+    for (int64_t i = 0; i < t->model.num_parameters; i++) t->model.params_memory[i] = NAN;
+    return 0;
 }
 
 static int open_model(Trainer *t) {
     const TrainArgs *a = &t->a;
-    if (a->out_dir[0] && ensure_dir(a->out_dir)) return -1;
+    if (a->out_dir[0] && open_dir(t, a->out_dir)) return -1;
     if (a->resume) {
-        t->start = checkpoint_latest(a->out_dir);
+        t->start = checkpoint_before(a->out_dir, t->resume_limit);
         if (t->start == 0 && a->verbose) printf("note: no complete checkpoint in %s: starting from step 0\n", a->out_dir);
+    } else if (a->out_dir[0] && checkpoint_latest(a->out_dir) > 0) {   // it would overwrite them step by step
+        return train_fail("%s holds the checkpoints of a run (the newest at step %lld): resume it with -y 1, or start "
+                          "afresh in another -o (or after removing them)", a->out_dir, (long long)checkpoint_latest(a->out_dir));
     }
     snprintf(t->model_path, sizeof t->model_path, "%s", a->model);
     size_t len = strlen(a->model);
@@ -855,7 +978,7 @@ static int open_model(Trainer *t) {
     }
     if (a->T > t->model.config.max_seq_len)
         return train_fail("sequence length T=%lld exceeds the model's maxT=%d", (long long)a->T, t->model.config.max_seq_len);
-    if (t->start >= a->steps)
+    if (t->start >= a->steps && !a->export_path[0])   // -X exports the checkpoint as it is
         return train_fail("%s: the checkpoint is at step %lld, not before the last step %lld (raise -n)", a->out_dir,
                           (long long)t->start, (long long)a->steps);
     return 0;
@@ -887,12 +1010,15 @@ static int open_data(Trainer *t) {
 
 // 4. The device and the optimizer; a resumed run takes the data position and the RNG of its checkpoint.
 
-int trainer_open(Trainer *t, const TrainArgs *a) {
+static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
     memset(t, 0, sizeof *t);
+    t->lock_fd = -1;
+    t->resume_limit = limit;
     t->a = *a;
     if (!t->a.val_path) t->a.val_path = "";
     if (!t->a.tokenizer_path) t->a.tokenizer_path = "";
     if (!t->a.out_dir) t->a.out_dir = "";
+    if (!t->a.export_path) t->a.export_path = "";
     t->rng.s = a->seed;
     if (check_settings(t) || open_model(t) || open_data(t) || t->dev->open(t)) return -1;
     if (t->start > 0) {
@@ -903,10 +1029,30 @@ int trainer_open(Trainer *t, const TrainArgs *a) {
         t->rng.s = t->resumed.rng;
     }
     t->end = a->stop_after > 0 && a->stop_after < a->steps ? a->stop_after : a->steps;
+    if (t->end < t->start) t->end = t->start;   // -X from a checkpoint at or past -n: no step to run
     return 0;
 }
 
+// A resume whose newest complete checkpoint is damaged (a file that does not load, weights that are
+// not finite, files of different steps) falls back to the one before, saying so; when none is left,
+// the newest one's error.
+int trainer_open(Trainer *t, const TrainArgs *a) {
+    char newest[sizeof train_error_text] = "";
+    int64_t limit = INT64_MAX;
+    for (;;) {
+        if (trainer_open_before(t, a, limit) == 0) return 0;
+        if (!t->damaged) return -1;
+        if (!newest[0]) snprintf(newest, sizeof newest, "%s", train_error_text);
+        limit = t->start;
+        trainer_free(t);
+        if (checkpoint_before(a->out_dir, limit) == 0) return train_fail("%s (and no earlier complete checkpoint)", newest);
+        if (a->verbose) printf("warning: checkpoint %lld cannot be resumed: %s\nwarning: resuming from the one before\n",
+                               (long long)limit, train_error_text);
+    }
+}
+
 void trainer_free(Trainer *t) {
+    if (t->lock_fd > 0) close(t->lock_fd);   // releases the -o directory's lock
     bnb8_optimizer_free(t->opt);
     if (t->dev) t->dev->close(t);
     loader_free(&t->loader);
@@ -1044,8 +1190,10 @@ static void print_banner(Trainer *t) {
            (double)a->grad_clip);
     char micro[64] = "";
     if (a->accum > 1) snprintf(micro, sizeof micro, ", %lld micro-batches per step", (long long)a->accum);
-    printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
-           (long long)t->start + 1, (long long)t->end, (long long)a->steps, t->start > 0 ? " (resumed)" : "");
+    if (t->end > t->start)
+        printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
+               (long long)t->start + 1, (long long)t->end, (long long)a->steps, t->start > 0 ? " (resumed)" : "");
+    else printf("train    no steps: the checkpoint of step %lld as it is, for -X\n", (long long)t->start);
     print_memory(t);
     fflush(stdout);
 }
@@ -1080,15 +1228,34 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
     return 0;
 }
 
-// The model file holds the fp32 masters, which the device row gives.
-static int save_checkpoint(Trainer *t, int64_t s) {
+// The device row gives the fp32 masters, checked for finite values before anything is written.
+static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     const TrainArgs *a = &t->a;
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
-                         (int64_t)bnb8_dtype_size(t->lay.weights)};
+                         (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
+                         bnb8_optimizer_steps(t->opt, 0)};
     float *masters;
-    if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, &t->model.config, masters, t->opt, &save)) return -1;
-    if (a->verbose) printf("step %5lld | checkpoint in %s\n", (long long)s, a->out_dir);
+    if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
+    if (a->verbose)
+        printf("step %5lld | checkpoint in %s: %lld bytes, %.3f bytes per parameter\n", (long long)s, a->out_dir,
+               (long long)*bytes, (double)*bytes / (double)t->model.num_parameters);
+    return 0;
+}
+
+// The weights as an llm.c model file (DESIGN.md §8.1): the fp32 masters (version 3), or their RNE to
+// bf16 (version 5, what llm.c's default bf16 build reads).
+static int export_model(Trainer *t) {
+    const TrainArgs *a = &t->a;
+    float *masters;
+    char where[160];
+    if (t->dev->masters(t, &masters)) return -1;
+    if (gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
+        return train_fail("export to %s: the weights are not finite (%s)", a->export_path, where);
+    if (gpt2_save_params(&t->model.config, masters, a->export_path, a->export_bf16)) return -1;
+    if (a->verbose)
+        printf("export   step %lld's weights to %s: llm.c model file version %d (%s), %lld bytes\n", (long long)t->end,
+               a->export_path, a->export_bf16 ? 5 : 3, a->export_bf16 ? "bf16" : "fp32", (long long)path_size(a->export_path));
     return 0;
 }
 
@@ -1133,7 +1300,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         }
         if (a->verbose && a->sample_every > 0 && s % a->sample_every == 0 && s != a->steps) print_sample(t);
         if (a->out_dir[0] && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after) &&
-            save_checkpoint(t, s))
+            save_checkpoint(t, s, &res->checkpoint_bytes))
             return -1;
     }
     return 0;
@@ -1143,7 +1310,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
 
 static int train_results(Trainer *t, TrainResult *res, Progress *pr) {
     const TrainArgs *a = &t->a;
-    if (a->val_path[0] && isnan(pr->val_last) && t->end == a->steps) pr->val_last = evaluate(t);
+    if (a->val_path[0] && isnan(pr->val_last) && t->end >= a->steps) pr->val_last = evaluate(t);
     res->first_step = t->start + 1;
     res->last_step = t->end;
     res->first_loss = pr->first_loss;
@@ -1169,8 +1336,10 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
     if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); printf("\n"); }
     printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s, after the first step)\n", res->tokens_per_second,
            (long long)pr->trained, (long long)(a->B * a->T * a->accum), pr->train_time);
-    printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)pr->first_loss, (long long)(t->start + 1),
-           (double)pr->last_loss, (long long)t->end);
+    if (t->end > t->start)
+        printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)pr->first_loss, (long long)(t->start + 1),
+               (double)pr->last_loss, (long long)t->end);
+    else printf("loss     no steps run (step %lld)", (long long)t->end);
     if (a->val_path[0] && !isnan(pr->val_first)) printf("; val %.4f -> %.4f", (double)pr->val_first, (double)pr->val_last);
     else if (a->val_path[0]) printf("; val %.4f (none at the start: -v 0 or a resumed run)", (double)pr->val_last);
     printf("\n");
@@ -1185,6 +1354,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
     res->first_step = res->last_step = res->skipped_steps = res->on_gpu = 0;
     res->first_loss = res->last_loss = res->val_loss = NAN;
     res->tokens_per_second = 0.0;
+    res->checkpoint_bytes = 0;
     Trainer *t = (Trainer *)calloc(1, sizeof(Trainer));
     if (!t) return train_fail("out of memory");
     Progress pr = {0.0, 0, NAN, NAN, NAN, NAN};
@@ -1192,6 +1362,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
     if (!status && a->verbose) print_banner(t);
     if (!status) status = train_loop(t, res, &pr);
     if (!status) status = train_results(t, res, &pr);
+    if (!status && a->export_path && a->export_path[0]) status = export_model(t);
     if (!status && a->verbose) print_report(t, res, &pr);
     trainer_free(t);
     free(t);

@@ -69,6 +69,8 @@ typedef struct {
     int64_t stop_after;       // stop after this step (the schedule still spans `steps`); 0 = no
     uint64_t seed;
     int resume;
+    const char *export_path;  // -X: the final weights as an llm.c model file; "" = none
+    int export_bf16;          // -F: 1 bf16 (version 5, llm.c's default build), 0 fp32 (version 3)
     int verbose;              // 0: print nothing (tests)
 } TrainArgs;
 
@@ -83,6 +85,7 @@ typedef struct {
     int64_t skipped_steps;    // steps whose gradient had a NaN or Inf: no update made
     int on_gpu;               // the run trained on the GPU
     double gpu_computed, gpu_measured;   // GPU: device bytes the report computes, and measures
+    int64_t checkpoint_bytes; // the last checkpoint this call wrote (its files' sizes), or 0
 } TrainResult;
 
 void train_args_default(TrainArgs *a);
@@ -100,13 +103,15 @@ int train_run(const TrainArgs *a, TrainResult *res);
 // Is there a GPU this build can train on?
 int gpu_available(void);
 
-// Checkpoints: in out_dir, for step s: model_s.bin (llm.c fp32: the fp32 masters), optim_s.bin (the
-// library's state file), state_s.bin (this trainer's) and DONE_s, written last; each written
-// atomically. Resume takes the newest step that has its DONE. DESIGN.md §8.4.
-// The trainer state file: STATE_WORDS little-endian int64, magic and version first.
+// Checkpoints: in out_dir, for step s: optim_s.bin (the library's state file: every weight as the run
+// keeps it, with its master, and the optimizer states), state_s.bin (this trainer's, with the model's
+// shape) and DONE_s, written last; each written atomically. Each piece of state is in one file once.
+// Resume takes the newest step that has its DONE. Checkpoints of trainer state version 1 also hold
+// model_s.bin (the fp32 masters) and a version 1 optimizer file; they still resume. DESIGN.md §8.4.
+// The trainer state file: STATE_WORDS little-endian int64 (version 1: 16), magic and version first.
 #define STATE_MAGIC 20251122
-#define STATE_VERSION 1
-#define STATE_WORDS 16
+#define STATE_VERSION 2
+#define STATE_WORDS 32
 typedef struct {
     int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
     uint64_t rng, seed;
@@ -114,15 +119,23 @@ typedef struct {
     int64_t accum;            // micro-batches per step (word 13; 0 in older files, meaning 1)
     int64_t weight_bytes;     // the run's weights: 4 fp32, 2 bf16 (word 14; 0 in older files: read as
                               // fp32 for an fp32-master recipe, bf16 for the others)
+    int64_t version;          // of the file read (1: the model file holds the weights); written: 2
+    GPT2Config config;        // the model's shape (version 2, words 15..20)
+    int64_t opt_steps;        // every optimizer tensor's step count (version 2, word 21): the optimizer
+                              // file must match it (files of different steps are not one checkpoint)
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
+// Paths of checkpoint files: an -o of up to TRAIN_PATH_MAX - 64 bytes (longer ones are refused at start).
+#define TRAIN_PATH_MAX 4096
 void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext);
-// Writes the checkpoint of step s->step: masters are the fp32 weights (layout of c); refused, with
-// nothing written, when one of them is not finite.
-int checkpoint_save(const char *dir, const GPT2Config *c, const float *masters, bnb8_optimizer *opt,
-                    const TrainerState *s);
+// Writes the checkpoint of step s->step (s->config is the model's shape): refused, with nothing
+// written, when one of the fp32 masters (layout of s->config) is not finite. *bytes (may be NULL):
+// the checkpoint's size, its files' bytes.
+int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes);
 int64_t checkpoint_latest(const char *dir);   // the newest step with a DONE marker, or 0
+int64_t checkpoint_before(const char *dir, int64_t limit);   // the newest below limit, or 0
+int64_t checkpoint_done_step(const char *name);   // the step of a DONE marker's name, or 0
 
 // The GPU row's state (gpt2_cuda's model, its gradients, what the release callback needs).
 typedef struct {
@@ -176,7 +189,10 @@ struct Trainer {
     const Device *dev;
     char where[192];                 // the device, for the banner and the report
     GPT2 model;                      // CPU: the model; GPU: the host copy of its weights
-    char model_path[1024];
+    char model_path[TRAIN_PATH_MAX];
+    int lock_fd;                      // the -o directory's lock (LOCK, flock'ed), or -1
+    int64_t resume_limit;             // resume from the newest complete checkpoint before this step
+    int damaged;                      // the last failure was the checkpoint's (trainer_open falls back)
     TokenFile train_file, val_file;
     Tokenizer tok;
     DataLoader loader;

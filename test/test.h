@@ -88,6 +88,10 @@ static inline uint32_t test_crc32(const uint8_t *p, size_t len) {
     return ~c;
 }
 
+// A version-2 optimizer state file rewritten as version 1 (the layout before every tensor's weights
+// were in it), for the tests that old files still load; NULL if v2 does not parse.
+uint8_t *test_state_file_v1(const uint8_t *v2, size_t size, size_t *out_size);
+
 // Removes everything below dir, and dir itself when and_dir (the tests' and fuzzers' scratch).
 static inline void test_remove_tree(const char *dir, int and_dir) {
     DIR *d = opendir(dir);

@@ -176,10 +176,11 @@ static void sleep_seconds(double s) {
     nanosleep(&ts, NULL);
 }
 
-// The checkpoint of step s in dir equals the reference's: model, optimizer state, trainer state.
+// The checkpoint of step s in dir equals the reference's: the optimizer state (with every weight)
+// and the trainer state.
 static int same_checkpoint(const char *dir, const char *ref, int64_t s) {
-    static const char *kinds[3] = {"model", "optim", "state"};
-    for (int k = 0; k < 3; k++) {
+    static const char *kinds[2] = {"optim", "state"};
+    for (int k = 0; k < 2; k++) {
         char a[512], b[512];
         checkpoint_path(a, sizeof a, dir, kinds[k], s, ".bin");
         checkpoint_path(b, sizeof b, ref, kinds[k], s, ".bin");
@@ -320,8 +321,8 @@ static void kill_run(const char *recipe, int kills_wanted) {
     remove(err);
 }
 
-// The 8-bit recipe (8-bit and 32-bit states) and the flash recipe (bf16 weights + correction,
-// companded states, fp32 masters in the model file).
+// The 8-bit recipe (8-bit and 32-bit states, fp32 weights) and the flash recipe (companded states, bf16
+// weights with their int8 correction): every weight in the optimizer file.
 static void test_kill_during_checkpoints(void) {
     kill_run("8bit", ffull ? 100 : 4);
     kill_run("flash", ffull ? 30 : 2);
@@ -372,26 +373,23 @@ static void test_full_disk(void) {
     const int64_t K = 3, N = 6;
     char ref[256], dir[256], err[256];
     fault_paths("disk", ref, dir, err);
-    // fp32 states: the optimizer file (8 bytes per parameter) is larger than the model (4), so a
-    // file-size limit between the two lets the model through and stops the optimizer file.
+    // fp32: the optimizer file (weights and states, 12 bytes per parameter) is far larger than the
+    // trainer state (256 bytes): a file-size limit of half the optimizer file stops it alone.
     child_spec c = {ref, "fp32", N, 0, 0, err};
     EXPECT(child_run(&c) == 0 && checkpoint_latest(ref) == N, "reference run");
     c.dir = dir; c.stop = K;
     EXPECT(child_run(&c) == 0 && checkpoint_latest(dir) == K, "first part");
-    char model[512], optim[512];
-    checkpoint_path(model, sizeof model, dir, "model", K, ".bin");
+    char optim[512];
     checkpoint_path(optim, sizeof optim, dir, "optim", K, ".bin");
-    int64_t model_bytes = file_size(model), optim_bytes = file_size(optim);
-    EXPECT(model_bytes > 0 && optim_bytes > model_bytes, "file sizes: model %lld, optimizer %lld", (long long)model_bytes,
-           (long long)optim_bytes);
+    int64_t optim_bytes = file_size(optim);
+    EXPECT(optim_bytes > 4096, "optimizer file: %lld bytes", (long long)optim_bytes);
     if (test_failures()) return;
-    struct { const char *what, *blocked, *message; int64_t fsize; } faults[4] = {
-        {"model file hits the size limit", NULL, "disk full", model_bytes / 2},
-        {"optimizer file hits the size limit", NULL, "disk full", (model_bytes + optim_bytes) / 2},
+    struct { const char *what, *blocked, *message; int64_t fsize; } faults[3] = {
+        {"optimizer file hits the size limit", NULL, "disk full", optim_bytes / 2},
         {"trainer state file cannot be created", "state", "cannot create", 0},
         {"DONE marker cannot be created", "DONE", "cannot create", 0},
     };
-    for (int f = 0; f < 4; f++) {
+    for (int f = 0; f < 3; f++) {
         char *before = dir_snapshot(dir), blocked[512] = "";
         if (faults[f].blocked) {   // a directory where the temporary file must go: fopen fails
             checkpoint_path(blocked, sizeof blocked, dir, faults[f].blocked, K + 1, strcmp(faults[f].blocked, "DONE") ? ".bin.tmp" : ".tmp");
@@ -535,6 +533,31 @@ static void test_nonfinite_gradients(void) {
 // 4. NaN / Inf weights: a model file or checkpoint holding them is refused, naming the tensor and
 //    the element; a checkpoint is never written from them (the newest stays the last good one).
 
+// Writes a NaN into element 100 of the first record's weights (wte's, fp32: the 8bit recipe on the
+// CPU) of an optimizer state file and makes the record's CRC right. 1 on success.
+static int nan_weight(const char *path) {
+    size_t size;
+    uint8_t *d = test_slurp(path, &size);
+    uint32_t name_len = 0;
+    if (d && size > 28) memcpy(&name_len, d + 24, 4);
+    size_t fields = 28 + name_len, data = fields + 40;   // record 0 is wte's: its fp32 weights end the payload
+    int64_t n = 0;
+    uint64_t bytes = 0;
+    if (d && data + 4 <= size) { memcpy(&n, d + fields, 8); memcpy(&bytes, d + fields + 32, 8); }
+    int ok = d && name_len == 3 && memcmp(d + 28, "wte", 3) == 0 && data + bytes + 4 <= size && bytes >= 4 * (uint64_t)n && n > 100;
+    if (ok) {
+        float nan = NAN;
+        memcpy(d + data + bytes - 4 * (uint64_t)n + 4 * 100, &nan, 4);
+        uint32_t crc = test_crc32(d + 24, data + bytes - 24);
+        memcpy(d + data + bytes, &crc, 4);
+        FILE *f = fopen(path, "wb");
+        ok = f && fwrite(d, 1, size, f) == size;
+        if (f) ok &= fclose(f) == 0;
+    }
+    free(d);
+    return ok;
+}
+
 static void test_nonfinite_weights(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d1c16h2v64t8");
@@ -561,9 +584,9 @@ static void test_nonfinite_weights(void) {
             // checkpoint_save refuses, and writes nothing
             test_remove_tree(ckdir, 1);
             EXPECT(mkdir(ckdir, 0700) == 0, "mkdir %s", ckdir);
-            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1, 4};
+            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1, 4, STATE_VERSION, m.config, 5};
             train_error_text[0] = 0;
-            s = checkpoint_save(ckdir, &m.config, m.params_memory, NULL, &st);
+            s = checkpoint_save(ckdir, m.params_memory, NULL, &st, NULL);
             char *listing = dir_snapshot(ckdir);
             EXPECT(s != 0 && strstr(train_error_text, "not finite") && strstr(train_error_text, cases[k].tensor) &&
                    listing && listing[0] == 0, "checkpoint_save of %s: %d, '%s', files '%s'", cases[k].tensor, s,
@@ -576,24 +599,33 @@ static void test_nonfinite_weights(void) {
     gpt2_free(&m);
     remove(path);
     test_remove_tree(ckdir, 1);
-    // A checkpoint whose model file was damaged after it was written: resume refuses it by name.
+    // A checkpoint whose optimizer file was given a NaN weight after it was written (its CRC made
+    // right): resume falls back to the checkpoint before; with that one damaged too, it is refused,
+    // naming the newest's file, the tensor and the element.
     char dir[256], err[256];
     fpath(dir, sizeof dir, "nan_resume");
     fpath(err, sizeof err, "nan_child.err");
-    test_remove_tree(dir, 1);
-    TrainArgs a;
-    child_args(&a, dir, "8bit", 4);
-    a.stop_after = 2;
-    EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(dir) == 2, "first part: %s", train_error_text);
-    checkpoint_path(path, sizeof path, dir, "model", 2, ".bin");
-    FILE *f = fopen(path, "r+b");
-    float nan = NAN;
-    EXPECT(f && fseek(f, 1024 + 4 * 100, SEEK_SET) == 0 && fwrite(&nan, 4, 1, f) == 1, "cannot patch %s", path);
-    if (f) fclose(f);
-    a.stop_after = 0;
-    train_error_text[0] = 0;
-    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, path) && strstr(train_error_text, "'wte' element 100"),
-           "resume from a checkpoint with a NaN weight: '%s'", train_error_text);
+    for (int both = 0; both < 2; both++) {
+        test_remove_tree(dir, 1);
+        TrainArgs a;
+        child_args(&a, dir, "8bit", 4);
+        a.stop_after = 2;
+        EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(dir) == 2, "first part: %s", train_error_text);
+        for (int64_t s = 2 - both; s <= 2; s++) {
+            checkpoint_path(path, sizeof path, dir, "optim", s, ".bin");
+            EXPECT(nan_weight(path), "%s does not parse as a state file whose first record is wte", path);
+        }
+        a.stop_after = 0;
+        train_error_text[0] = 0;
+        TrainResult r = {0};
+        int rc = train_run(&a, &r);
+        if (!both)
+            EXPECT(rc == 0 && r.first_step == 2 && r.last_step == 4, "resume past a checkpoint with a NaN weight: %d, "
+                   "steps %lld..%lld, '%s'", rc, (long long)r.first_step, (long long)r.last_step, train_error_text);
+        else
+            EXPECT(rc != 0 && strstr(train_error_text, path) && strstr(train_error_text, "'wte' element 100") &&
+                   strstr(train_error_text, "no earlier"), "resume from two checkpoints with a NaN weight: '%s'", train_error_text);
+    }
     test_remove_tree(dir, 1);
     remove(err);
 }
@@ -719,6 +751,127 @@ static void test_api_limits(void) {
 
 // ------------------------------------------------------------------------------------------------
 
+// ------------------------------------------------------------------------------------------------
+// 5. The checkpoint directory's rules (issue P13, findings 2-7): a fresh run into a directory with
+//    checkpoints is refused; one directory, one run (a lock); files of different checkpoints are
+//    found (and resume falls back past them); steps past 10^8 are found; -o paths longer than the old
+//    1024-byte buffers work, longer than the limit are refused; an unwritable -o is found at start.
+
+static void copy_file(const char *from, const char *to) {
+    size_t n;
+    uint8_t *d = test_slurp(from, &n);
+    FILE *f = d ? fopen(to, "wb") : NULL;
+    EXPECT(f && fwrite(d, 1, n, f) == n, "cannot copy %s to %s", from, to);
+    if (f) fclose(f);
+    free(d);
+}
+
+static void test_checkpoint_dir_rules(void) {
+    char dir[256], path[TRAIN_PATH_MAX], other[TRAIN_PATH_MAX];
+    fpath(dir, sizeof dir, "rules");
+    test_remove_tree(dir, 1);
+    TrainArgs a;
+    child_args(&a, dir, "8bit", 3);
+    a.resume = 0; a.stop_after = 2;
+    EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(dir) == 2, "first run: %s", train_error_text);
+    // A fresh run (no -y 1) would overwrite them step by step: refused, nothing changed.
+    char *before = dir_snapshot(dir);
+    train_error_text[0] = 0;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-y 1") && strstr(train_error_text, dir),
+           "a fresh run into a directory with checkpoints: '%s'", train_error_text);
+    char *after = dir_snapshot(dir);
+    EXPECT(before && after && strcmp(before, after) == 0, "the refused fresh run changed the directory");
+    if (fverbose) printf("    fresh run into checkpoints -> %s\n", train_error_text);
+    free(before); free(after);
+    // One directory, one run: while a run holds it, a second is refused at start.
+    a.resume = 1; a.stop_after = 0;
+    Trainer t;
+    EXPECT(trainer_open(&t, &a) == 0, "open: %s", train_error_text);
+    train_error_text[0] = 0;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "in use"), "a second run on the same -o: '%s'", train_error_text);
+    if (fverbose) printf("    second run -> %s\n", train_error_text);
+    trainer_free(&t);
+    // Files of different checkpoints: step 1's optimizer file as step 2's. Resume falls back to step
+    // 1 and goes on; with step 1 gone too, the mix is refused, named.
+    checkpoint_path(path, sizeof path, dir, "optim", 1, ".bin");
+    checkpoint_path(other, sizeof other, dir, "optim", 2, ".bin");
+    copy_file(path, other);
+    TrainResult r = {0};
+    EXPECT(train_run(&a, &r) == 0 && r.first_step == 2 && checkpoint_latest(dir) == 3, "resume past a mixed checkpoint: %s, "
+           "steps %lld..", train_error_text, (long long)r.first_step);
+    checkpoint_path(path, sizeof path, dir, "optim", 2, ".bin");
+    checkpoint_path(other, sizeof other, dir, "optim", 3, ".bin");
+    copy_file(path, other);
+    checkpoint_path(path, sizeof path, dir, "DONE", 2, "");
+    remove(path);
+    checkpoint_path(path, sizeof path, dir, "DONE", 1, "");
+    remove(path);
+    a.steps = 4;
+    train_error_text[0] = 0;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "different checkpoints") && strstr(train_error_text, other),
+           "a mixed checkpoint with none before it: '%s'", train_error_text);
+    if (fverbose) printf("    mixed steps -> %s\n", train_error_text);
+    test_remove_tree(dir, 0);
+    // Steps past 10^8: the names checkpoint_path writes are the ones resume finds.
+    int64_t steps[3] = {99999999, 100000000, 1099511627776};
+    for (int k = 0; k < 3; k++) {
+        checkpoint_path(path, sizeof path, dir, "DONE", steps[k], "");
+        FILE *f = fopen(path, "wb");
+        if (f) fclose(f);
+        EXPECT(checkpoint_latest(dir) == steps[k], "DONE of step %lld: newest %lld", (long long)steps[k],
+               (long long)checkpoint_latest(dir));
+        const char *leaf = strrchr(path, '/') + 1;
+        EXPECT(checkpoint_done_step(leaf) == steps[k], "%s read as step %lld", leaf, (long long)checkpoint_done_step(leaf));
+    }
+    const char *not_done[] = {"DONE_000000009", "DONE_0000001", "DONE_1234567x", "DONE_00000001.tmp", "DONE_+0000001"};
+    for (size_t k = 0; k < sizeof not_done / sizeof not_done[0]; k++)
+        EXPECT(checkpoint_done_step(not_done[k]) == 0, "%s read as step %lld", not_done[k], (long long)checkpoint_done_step(not_done[k]));
+    test_remove_tree(dir, 1);
+    // -o of 1400 bytes (7 directories of 200 characters) works: its checkpoint resumes; 4100 refused.
+    char deep[TRAIN_PATH_MAX];
+    snprintf(deep, sizeof deep, "%s", dir);
+    mkdir(deep, 0700);
+    for (int k = 0; k < 7; k++) {
+        size_t len = strlen(deep);
+        deep[len] = '/';
+        memset(deep + len + 1, 'a' + k, 200);
+        deep[len + 201] = 0;
+        if (k < 6) EXPECT(mkdir(deep, 0700) == 0, "mkdir of a %zu-byte path", strlen(deep));
+    }
+    child_args(&a, deep, "8bit", 2);
+    a.stop_after = 1;
+    EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(deep) == 1, "-o of %zu bytes: %s", strlen(deep), train_error_text);
+    a.stop_after = 0;
+    r.first_step = 0;
+    EXPECT(train_run(&a, &r) == 0 && r.first_step == 2, "resume in -o of %zu bytes: %s", strlen(deep), train_error_text);
+    char *longer = (char *)malloc(5000);
+    if (longer) {
+        snprintf(longer, 5000, "%s/", deep);
+        size_t len = strlen(longer);
+        memset(longer + len, 'z', 4100 - len);
+        longer[4100] = 0;
+        child_args(&a, longer, "8bit", 2);
+        train_error_text[0] = 0;
+        EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "at most"), "-o of 4100 bytes: '%s'", train_error_text);
+        free(longer);
+    }
+    test_remove_tree(dir, 1);
+    // An -o that cannot be written: found before training (root writes anywhere chmod allows not:
+    // /proc/self is a directory no one can create files in).
+    const char *locked = dir;
+    mkdir(dir, 0500);
+    if (geteuid() == 0) locked = "/proc/self";
+    child_args(&a, locked, "8bit", 2);
+    a.resume = 0;
+    train_error_text[0] = 0;
+    TrainResult none = {0};
+    EXPECT(train_run(&a, &none) != 0 && strstr(train_error_text, "cannot write") && none.last_step == 0,
+           "unwritable -o %s: '%s'", locked, train_error_text);
+    if (fverbose) printf("    unwritable -o -> %s\n", train_error_text);
+    chmod(dir, 0700);
+    test_remove_tree(dir, 1);
+}
+
 void tests_faults(void) {
     const char *v = getenv("BNB8_TEST_VERBOSE"), *full = getenv("BNB8_TEST_FULL");
     fverbose = v && *v && *v != '0';
@@ -732,8 +885,11 @@ void tests_faults(void) {
              test_kill_during_checkpoints);
     test_run("faults: full disk during a save: clean failure, old checkpoint kept", test_full_disk);
     test_run("faults: NaN/Inf gradients: the trainer skips the step and says so", test_nonfinite_gradients);
-    test_run("faults: NaN/Inf weights are refused at load and never checkpointed", test_nonfinite_weights);
+    test_run("faults: NaN/Inf weights are refused at load and never checkpointed; resume falls back past them",
+             test_nonfinite_weights);
     test_run("faults: NaN logits give a NaN loss (no undefined conversion)", test_nonfinite_logits);
+    test_run("faults: checkpoint directories: fresh runs, one run at a time, mixed steps, long paths, steps >= 1e8, "
+             "unwritable", test_checkpoint_dir_rules);
     test_run("faults: sizes past 2^52, 4097-byte names, forged step counts", test_api_limits);
     test_remove_tree(fdir, 1);
 }

@@ -902,9 +902,11 @@ static void test_export_import(void) {
 }
 
 // A mixed set of flash tensors (and 8-bit ones with an int8 correction and an fp32 master): A steps,
-// saves, steps; B starts with garbage in the corrected weights (the file restores them) and A's
-// values in the others, loads, takes the same steps. B's weights and its final file equal A's, byte
-// for byte. Mismatched files are refused.
+// saves, steps; B starts with garbage in every weight (the file restores them all: those beside an
+// fp32 master as RNE(master)), loads, takes the same steps. B's weights and its final file equal
+// A's, byte for byte. D loads the same file rewritten as version 1 (test_state_file_v1: only the
+// corrected weights in it), starting with garbage in those and A's values in the others, and ends
+// the same. Mismatched files are refused.
 typedef struct { const char *name; int64_t n; bnb8_dtype pdt; int cb; bnb8_dtype sdt; bnb8_state_format fmt; int pc; } fspec;
 #define NSPEC 9
 static const fspec fspecs[NSPEC] = {
@@ -961,10 +963,13 @@ static void test_flash_resume(void) {
     char f1[256], f2[256], f3[256], bad[256];
     fpath(f1, sizeof f1, "r1.bin"); fpath(f2, sizeof f2, "r2.bin"); fpath(f3, sizeof f3, "r3.bin"); fpath(bad, sizeof bad, "rbad.bin");
     for (int k = 0; k < 3; k++) {
-        fmodel a, b;
+        fmodel a, b, d;
         test_rng rng = test_rng_new();
         uint64_t s1 = test_u64(&rng), s2 = test_u64(&rng);
-        if (!fmodel_new(&a, kk[k], fspecs, -1) || !fmodel_new(&b, kk[k], fspecs, -1)) { EXPECT(0, "%s", bnb8_last_error()); return; }
+        if (!fmodel_new(&a, kk[k], fspecs, -1) || !fmodel_new(&b, kk[k], fspecs, -1) || !fmodel_new(&d, kk[k], fspecs, -1)) {
+            EXPECT(0, "%s", bnb8_last_error());
+            return;
+        }
         for (int j = 0; j < NSPEC; j++)
             for (int64_t i = 0; i < fspecs[j].n; i++) bnb8_store(a.p[j], fspecs[j].pdt, i, (float)(0.1 * test_randn(&rng)));
         fmodel_steps(&a, 3, s1);
@@ -972,19 +977,34 @@ static void test_flash_resume(void) {
         for (int j = 0; j < NSPEC; j++) {
             size_t bytes = bnb8_dtype_size(fspecs[j].pdt) * (size_t)fspecs[j].n;
             int corrected = fspecs[j].cb && fspecs[j].pdt != BNB8_F32;
-            if (corrected) for (size_t i = 0; i < bytes; i++) ((uint8_t *)b.p[j])[i] = (uint8_t)test_u64(&rng);
-            else memcpy(b.p[j], a.p[j], bytes);
+            for (size_t i = 0; i < bytes; i++) ((uint8_t *)b.p[j])[i] = (uint8_t)test_u64(&rng);
+            if (corrected) memcpy(d.p[j], b.p[j], bytes);
+            else memcpy(d.p[j], a.p[j], bytes);
         }
+        size_t n1, n1v;
+        uint8_t *d1 = test_slurp(f1, &n1), *v1 = d1 ? test_state_file_v1(d1, n1, &n1v) : NULL;
+        EXPECT(v1 != NULL, "kind %d: the file does not rewrite as version 1", (int)kk[k]);
+        FILE *fv = v1 ? fopen(bad, "wb") : NULL;
+        EXPECT(!v1 || (fv && fwrite(v1, 1, n1v, fv) == n1v), "cannot write %s", bad);
+        if (fv) fclose(fv);
+        free(d1); free(v1);
         fmodel_steps(&a, 3, s2);
         EXPECT(bnb8_optimizer_save(a.opt, f2) == 0, "save: %s", bnb8_last_error());
         EXPECT(bnb8_optimizer_load(b.opt, f1) == 0, "load: %s", bnb8_last_error());
+        EXPECT(bnb8_optimizer_load(d.opt, bad) == 0, "load of the version 1 file: %s", bnb8_last_error());
         fmodel_steps(&b, 3, s2);
+        fmodel_steps(&d, 3, s2);
         EXPECT(bnb8_optimizer_save(b.opt, f3) == 0, "save: %s", bnb8_last_error());
-        size_t n2, n3;
+        size_t n2, n3, n4;
         uint8_t *d2 = test_slurp(f2, &n2), *d3 = test_slurp(f3, &n3);
         EXPECT(d2 && d3 && n2 == n3 && memcmp(d2, d3, n2) == 0, "kind %d: the resumed run's file differs", (int)kk[k]);
+        EXPECT(bnb8_optimizer_save(d.opt, bad) == 0, "save: %s", bnb8_last_error());
+        uint8_t *d4 = test_slurp(bad, &n4);
+        EXPECT(d2 && d4 && n2 == n4 && memcmp(d2, d4, n2) == 0, "kind %d: the run resumed from version 1 differs", (int)kk[k]);
+        free(d4);
         for (int j = 0; j < NSPEC; j++)
-            EXPECT(memcmp(a.p[j], b.p[j], bnb8_dtype_size(fspecs[j].pdt) * (size_t)fspecs[j].n) == 0,
+            EXPECT(memcmp(a.p[j], b.p[j], bnb8_dtype_size(fspecs[j].pdt) * (size_t)fspecs[j].n) == 0 &&
+                   memcmp(a.p[j], d.p[j], bnb8_dtype_size(fspecs[j].pdt) * (size_t)fspecs[j].n) == 0,
                    "kind %d: %s differs after resume", (int)kk[k], fspecs[j].name);
         // Mismatched optimizers refuse the file and keep their states and weights.
         for (int variant = 0; variant <= 2 * NSPEC && k == 0; variant++) {
@@ -1025,14 +1045,16 @@ static void test_flash_resume(void) {
             free(db);
         }
         free(d2); free(d3);
-        fmodel_free(&a); fmodel_free(&b);
+        fmodel_free(&a); fmodel_free(&b); fmodel_free(&d);
     }
     remove(f1); remove(f2); remove(f3); remove(bad);
 }
 
 // Persistent bytes per parameter from bnb8_optimizer_memory (DESIGN.md §8.6): AdamW, bf16 weights, int8
 // correction, bf16 gradients, 16-bit scales: 2 + 1 + 2 + 2 (1 + 2/32) = 7.125, and 5.125 without
-// the gradient buffer; the neighbours of that configuration, and the state file's record size.
+// the gradient buffer; the neighbours of that configuration, and the state file's record size: the
+// weights, their correction and the states (5.125 bytes per parameter), or the fp32 master and the
+// states (its weights are RNE(master), not stored).
 static void test_memory(void) {
     const int64_t n = 32 * 4096;
     struct { bnb8_optim kind; bnb8_dtype pdt; int cb; bnb8_dtype sdt; double total, release; const char *what; } cs[] = {
@@ -1044,6 +1066,7 @@ static void test_memory(void) {
         {BNB8_ADAMW, BNB8_BF16, 0, BNB8_BF16, 6.125, 4.125, "AdamW bf16, no ECC"},
         {BNB8_ADAMW, BNB8_F32, 1, BNB8_BF16, 10.125, 6.125, "AdamW f32 weights"},
         {BNB8_LION, BNB8_BF16, 1, BNB8_BF16, 6.0625, 4.0625, "Lion bf16 + int8"},
+        {BNB8_ADAMW, BNB8_BF16, 4, BNB8_BF16, 10.125, 8.125, "AdamW bf16 + fp32 master"},
     };
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         bnb8_config c = bnb8_config_default(cs[k].kind);
@@ -1063,7 +1086,7 @@ static void test_memory(void) {
                cs[k].what, m.weights / n, m.correction / n, m.gradients / n, m.states / n, total, release);
         size_t size;
         uint8_t *f = save_and_read(opt, "mem.bin", &size);
-        double want = 24.0 + 4 + 1 + 40 + 4 + m.states + m.correction + (m.correction ? m.weights : 0);
+        double want = 24.0 + 4 + 1 + 40 + 4 + m.states + m.correction + (cs[k].cb == 4 && cs[k].pdt != BNB8_F32 ? 0 : m.weights);
         EXPECT(f && (double)size == want, "%s: file %zu bytes, expected %.0f", cs[k].what, size, want);
         free(f); free(p); free(g);
         bnb8_optimizer_free(opt);

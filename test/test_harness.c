@@ -1,6 +1,7 @@
 // test_harness.c — the runner, checks, random numbers and file helpers of test.h, for every test
 // program (the CPU suite, test_gpu, test_gpt2_cuda, ...): built once into build/test_harness.o.
 #include "test.h"
+#include "bnb8.h"
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,4 +90,67 @@ double test_uniform(test_rng *r) { return (double)(test_u64(r) >> 11) * 0x1.0p-5
 double test_randn(test_rng *r) {
     double u1 = test_uniform(r), u2 = test_uniform(r);
     return sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2);
+}
+
+// Version 2 -> version 1 of an optimizer state file (DESIGN.md §7), written from the layouts, not
+// from bnb8.c: version 1 held only corrected tensors' weights (bf16/fp16 weights beside an fp32 master
+// too, which version 2 rebuilds as RNE(master)) and named the weights' dtype only for them.
+uint8_t *test_state_file_v1(const uint8_t *v2, size_t size, size_t *out_size) {
+    uint8_t *out = malloc(2 * size + 64);
+    uint32_t count, version;
+    *out_size = 0;
+    if (!out || size < 24 || memcmp(v2, "BNB8OPT", 8) != 0) { free(out); return NULL; }
+    memcpy(&version, v2 + 8, 4);
+    memcpy(&count, v2 + 16, 4);
+    if (version != 2) { free(out); return NULL; }
+    memcpy(out, v2, 24);
+    version = 1;
+    memcpy(out + 8, &version, 4);
+    uint32_t crc = test_crc32(out, 20);
+    memcpy(out + 20, &crc, 4);
+    size_t at = 24, put = 24;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t name_len, format, nstates;
+        int64_t n, block;
+        uint64_t bytes;
+        if (at + 4 > size) { free(out); return NULL; }
+        memcpy(&name_len, v2 + at, 4);
+        size_t fields = at + 4 + name_len, start = put;
+        if (fields + 40 > size) { free(out); return NULL; }
+        memcpy(&n, v2 + fields, 8);
+        memcpy(&format, v2 + fields + 8, 4);
+        memcpy(&nstates, v2 + fields + 12, 4);
+        memcpy(&block, v2 + fields + 16, 8);
+        memcpy(&bytes, v2 + fields + 32, 8);
+        if (fields + 40 + bytes + 4 > size || n < 1) { free(out); return NULL; }
+        uint32_t states = format & 0xff, sdt = (format >> 8) & 0xff, corr = (format >> 16) & 0xff, dtype = format >> 24;
+        size_t wsize = dtype == BNB8_F32 ? 4 : 2;
+        uint64_t kept = corr == 0 ? bytes - wsize * (uint64_t)n : bytes, added = corr == 4 ? wsize * (uint64_t)n : 0;
+        memcpy(out + put, v2 + at, fields + 40 - at);
+        put += fields + 40 - at;
+        if (corr == 0) { uint32_t f1 = format & 0xffffu; memcpy(out + put - 32, &f1, 4); }
+        uint64_t b1 = kept + added;
+        memcpy(out + put - 8, &b1, 8);
+        memcpy(out + put, v2 + fields + 40, kept);
+        put += kept;
+        if (corr == 4) {   // the master follows the percentile history, whatever the payload's states leave
+            uint64_t nb = states == 1 ? (uint64_t)((n + (block ? block : n) - 1) / (block ? block : n)) : (uint64_t)((n + 31) / 32);
+            uint64_t per_state = states == 0 ? 4 * (uint64_t)n : (uint64_t)n + nb * (states == 1 || sdt == BNB8_F32 ? 4 : 2);
+            uint64_t history = bytes - 4 * (uint64_t)n - nstates * per_state;
+            for (int64_t j = 0; j < n; j++) {
+                float x;
+                memcpy(&x, v2 + fields + 40 + history + 4 * (uint64_t)j, 4);
+                uint16_t w = bnb8_f32_to_narrow(x, (bnb8_dtype)dtype);
+                memcpy(out + put, &w, 2);
+                put += 2;
+            }
+        }
+        crc = test_crc32(out + start, put - start);
+        memcpy(out + put, &crc, 4);
+        put += 4;
+        at = fields + 40 + bytes + 4;
+    }
+    if (at != size) { free(out); return NULL; }
+    *out_size = put;
+    return out;
 }

@@ -13,7 +13,7 @@ checked against the bars of DESIGN.md §12 and the issue, element by element, wi
 inputs.
 
 The library's states are read back through its own state file (bnb8_optimizer_save; layout in
-bnb8.c: per tensor the gradient-norm history, the absmax of each state, then the states).
+bnb8.c: per tensor the gradient-norm history, the absmax of each state, the states, the weights).
 BNB8_TEST_VERBOSE=1 prints the measured numbers quoted in the comments.
 
 Sections: 1. 32-bit optimizers over 20 steps; 2. 8-bit vs 32-bit free running (DESIGN.md §12 bar, and
@@ -328,13 +328,15 @@ static int snap_take(bnb8_optimizer *opt, snap *s, int count) {
         TAKE(&s[i].n, 8); TAKE(&s[i].format, 4); TAKE(&s[i].nstates, 4);
         TAKE(&s[i].blocksize, 8); TAKE(&s[i].step, 8); TAKE(&bytes, 8);
         if (!ok || s[i].nstates > 3 || at + bytes + 4 > size) { ok = 0; break; }
-        s[i].map = s[i].format >> 8;
+        s[i].map = (s[i].format >> 8) & 0xffu;
+        uint32_t dtype = s[i].format >> 24, corr = (s[i].format >> 16) & 0xffu;
         s[i].format &= 0xffu;
-        if (s[i].format > BNB8_STATE_8BIT || s[i].map >= BNB8_NUM_MAPS || s[i].blocksize < 0) { ok = 0; break; }
+        if (s[i].format > BNB8_STATE_8BIT || s[i].map >= BNB8_NUM_MAPS || s[i].blocksize < 0 || corr) { ok = 0; break; }
         s[i].block = s[i].blocksize > 0 ? s[i].blocksize : s[i].n;
         int64_t n = s[i].n, nb = s[i].format ? (n + s[i].block - 1) / s[i].block : 0;
         uint64_t per_state = s[i].format ? (uint64_t)n + 4u * (uint64_t)nb : 4u * (uint64_t)n;
-        uint64_t history = bytes - per_state * s[i].nstates;
+        uint64_t weights = (uint64_t)n * (dtype == BNB8_F32 ? 4u : 2u);   // after the states (DESIGN.md §7)
+        uint64_t history = bytes - weights - per_state * s[i].nstates;
         s[i].nblocks = nb;
         s[i].has_history = history == 400;
         const uint8_t *d = f + at;
@@ -1228,7 +1230,8 @@ static void test_ablation_one_step(void) {
 }
 
 // Sets the 32-bit states of opt's only tensor (without gradient-norm history) to v[k][0..n) through
-// its own state file: saved, the state bytes replaced, the record's CRC made right, loaded.
+// its own state file: saved, the state bytes replaced, the record's CRC made right, loaded (the
+// weights in the file are the tensor's own: they stay).
 static int set_states32(bnb8_optimizer *opt, int nstates, int64_t n, float *const v[3]) {
     char path[256];
     tmp_path(path, sizeof path, "twin.bin");
@@ -1236,9 +1239,10 @@ static int set_states32(bnb8_optimizer *opt, int nstates, int64_t n, float *cons
     uint8_t *f = bnb8_optimizer_save(opt, path) == 0 ? test_slurp(path, &size) : NULL;
     uint32_t name_len = 0;
     if (f && size > 28) memcpy(&name_len, f + 24, 4);
-    // The header (24 bytes), the name, 40 bytes of fields, the states, the record's CRC.
-    size_t record = 24, data = record + 4 + name_len + 40;
-    int ok = f && data + 4 * (size_t)n * (size_t)nstates + 4 == size;
+    // The header (24 bytes), the name, 40 bytes of fields, the states, the weights (as they are, fp32
+    // or 16-bit), the record's CRC.
+    size_t record = 24, data = record + 4 + name_len + 40, states = 4 * (size_t)n * (size_t)nstates;
+    int ok = f && (data + states + 4 * (size_t)n + 4 == size || data + states + 2 * (size_t)n + 4 == size);
     for (int k = 0; ok && k < nstates; k++) memcpy(f + data + 4 * (size_t)n * (size_t)k, v[k], 4 * (size_t)n);
     if (ok) {
         uint32_t crc = test_crc32(f + record, size - 4 - record);

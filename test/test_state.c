@@ -8,7 +8,8 @@ options in files (the map, one absmax per tensor; a file from before them still 
 The state file layout is written here from bnb8.c's description (little-endian):
   header  "BNB8OPT\0", u32 version, u32 kind, u32 tensor count, u32 CRC-32 of those 20 bytes
   record  u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
-          u64 bytes, the state memory (bytes), u32 CRC-32 of the record
+          u64 bytes, the state memory, then the weights (version 2: every tensor's in its dtype,
+          except beside an fp32 master; version 1: corrected tensors' only), u32 CRC-32 of the record
 The CRC-32 (IEEE, reflected 0xEDB88320) is test.h's, computed bit by bit, to forge files whose
 only fault is the one under test. BNB8_TEST_VERBOSE=1 prints the loader's messages and the sizes.
 */
@@ -157,8 +158,8 @@ static int error_replaced(void) {
 // ------------------------------------------------------------------------------------------------
 // 1. Save -> load -> continue equals never stopping, byte for byte
 
-// A runs 3 steps, saves, runs 3 more and saves; B starts from A's parameters at the save, loads the
-// file, runs the same 3 steps (the same gradients, the same lr schedule) and saves. B's parameters
+// A runs 3 steps, saves, runs 3 more and saves; B starts from garbage weights, loads the file (which
+// restores A's weights at the save), runs the same 3 steps (the same gradients, the same lr schedule) and saves. B's parameters
 // and final file must equal A's, byte for byte, and B's file right after the load must equal the
 // file it loaded. The tensors mix dtypes, and with min_8bit_size 1000 the 8-bit runs hold a 32-bit
 // tensor too; percentile clipping puts the gradient norm history into the file. A control C, which
@@ -179,9 +180,9 @@ static void resume_case(bnb8_optim kind, bnb8_config c, const char *label) {
     model_steps(&A, 3, c.lr, &rng);
     save_checked(A.opt, mid_a);
     if (!model_new(&B, kind, &c, spec, 3, &rng) || !model_new(&C, kind, &c, spec, 3, &rng)) return;
-    for (int j = 0; j < 3; j++) {
+    for (int j = 0; j < 3; j++) {   // B's weights are garbage: the file holds every tensor's
         size_t bytes = bnb8_dtype_size(spec[j].pdt) * (size_t)spec[j].n;
-        memcpy(B.p[j], A.p[j], bytes);
+        for (size_t i = 0; i < bytes; i++) ((uint8_t *)B.p[j])[i] = (uint8_t)test_u64(&rng);
         memcpy(C.p[j], A.p[j], bytes);
     }
     test_rng again = rng, control = rng;   // the same gradients for A's, B's and C's last steps
@@ -291,7 +292,8 @@ static void test_corrupt_files(void) {
 
     // The header.
     forge(v, size, size, 0, 1, 0x20, 1, 0, bad); expect_refused(m.opt, bad, F, "bad magic");
-    forge(v, size, size, 8, 4, 2, 0, 1, bad); expect_refused(m.opt, bad, F, "version 2 (CRC made right)");
+    forge(v, size, size, 8, 4, 3, 0, 1, bad); expect_refused(m.opt, bad, F, "version 3 (CRC made right)");
+    forge(v, size, size, 8, 4, 1, 0, 1, bad); expect_refused(m.opt, bad, F, "version 1 (CRC made right)");
     forge(v, size, size, 8, 4, 0, 0, 1, bad); expect_refused(m.opt, bad, F, "version 0 (CRC made right)");
     forge(v, size, size, 12, 4, BNB8_ADAM, 0, 1, bad); expect_refused(m.opt, bad, F, "kind Adam (CRC made right)");
     forge(v, size, size, 12, 4, 77, 0, 1, bad); expect_refused(m.opt, bad, F, "kind 77 (CRC made right)");
@@ -418,8 +420,9 @@ static double expect_state_bytes(int64_t n, int nstates, int eight_bit, int64_t 
     return (double)nstates * ((double)n + 4.0 * (double)((n + blocksize - 1) / blocksize));
 }
 
-// An 8-bit AdamW state file of a 2^20-element tensor, block 256: 2 + 8/256 = 2.03125 bytes per
-// parameter plus a header of 24 + 4 + name + 40 + 4 bytes; bnb8_optimizer_memory gives states /
+// An 8-bit AdamW state file of a 2^20-element f32 tensor, block 256: the weights 4 + the states
+// 2 + 8/256 = 6.03125 bytes per parameter (32-bit states: 4 + 8 = 12) plus a header of 24 + 4 +
+// name + 40 + 4 bytes; bnb8_optimizer_memory gives states /
 // params = 2.03125 (8-bit) and 8 (32-bit), and with f32 params and grads 4 + 4 + 2.03125 =
 // 10.03125 persistent bytes per parameter (6.03125 under gradient release; bf16: 6.03125).
 static void test_memory_and_file_size(void) {
@@ -447,9 +450,11 @@ static void test_memory_and_file_size(void) {
                 save_checked(opt, path);
                 size_t size;
                 uint8_t *f = test_slurp(path, &size);
-                double want = 24.0 + 4 + 1 + 40 + 4 + per_state * n;
+                double want = 24.0 + 4 + 1 + 40 + 4 + (es + per_state) * n;
                 EXPECT((double)size == want, "%s file: %zu bytes, expected %.0f", format ? "8-bit" : "32-bit", size, want);
-                if (format) EXPECT(fabs((double)size / n - 2.03125) < 1e-4, "8-bit file: %.6f bytes per parameter", (double)size / n);
+                double target = format ? 6.03125 : 12.0;
+                EXPECT(fabs((double)size / n - target) < 1e-4, "%s file: %.6f bytes per parameter, expected %.5f",
+                       format ? "8-bit" : "32-bit", (double)size / n, target);
                 if (verbose)
                     printf("    %s AdamW, 2^20 f32 params: file %.6f bytes/param, states %.6f, with f32 params + grads %.6f\n",
                            format ? "8-bit" : "32-bit", (double)size / n, mem.states / n, total);
@@ -502,7 +507,8 @@ static void test_min_8bit_size(void) {
             uint32_t format = get32(f + r[j].fields + 8);
             EXPECT(format == (uint32_t)eight, "variant %d: %s (n %lld, min_8bit_size %lld) has format %u, expected %d",
                    variant, spec[j].name, (long long)spec[j].n, (long long)min8, format, eight);
-            EXPECT((double)r[j].bytes == expect_state_bytes(spec[j].n, 2, eight, 256), "variant %d: %s has %llu state bytes",
+            EXPECT((double)r[j].bytes == expect_state_bytes(spec[j].n, 2, eight, 256) + 4.0 * (double)spec[j].n,
+                   "variant %d: %s has %llu state and weight bytes",
                    variant, spec[j].name, (unsigned long long)r[j].bytes);
             want_states += expect_state_bytes(spec[j].n, 2, eight, 256);
         }
@@ -694,7 +700,8 @@ static void test_ablation_files(void) {
             EXPECT(get32(f + r[1].fields + 8) == BNB8_STATE_32BIT, "%s: the 32-bit record has format 0x%x", ablation_name(&c),
                    get32(f + r[1].fields + 8));
             double want = expect_state_bytes(5000, 2, 1, c.blocksize ? c.blocksize : 5000) + expect_state_bytes(300, 2, 0, 1);
-            EXPECT((double)(r[0].bytes + r[1].bytes) == want && bnb8_optimizer_memory(m.opt, 1).states == want,
+            double weights = 4.0 * (5000 + 300);   // the f32 weights follow each record's states
+            EXPECT((double)(r[0].bytes + r[1].bytes) == want + weights && bnb8_optimizer_memory(m.opt, 1).states == want,
                    "%s: %llu state bytes in the file, %.0f in memory, expected %.0f", ablation_name(&c),
                    (unsigned long long)(r[0].bytes + r[1].bytes), bnb8_optimizer_memory(m.opt, 1).states, want);
         }
@@ -721,11 +728,12 @@ static void test_ablation_files(void) {
     remove(bad);
 }
 
-// A state file written before the map and per-tensor options existed (test/data/state_adamw_v1.bin,
-// by commit cedcd9a) is still read: it loads, saves back byte for byte, and the same deterministic
-// run with today's code writes the same bytes (the dynamic-map 8-bit path did not change). The run
-// uses integer-hashed inputs only, so that nothing but the library decides the bytes.
-// BNB8_TEST_WRITE_GOLDEN=1 rewrites the file (only after a deliberate change of the format or math).
+// A state file written before the map and per-tensor options existed, and before the weights of every
+// tensor were in the file (version 1: test/data/state_adamw_v1.bin, by commit cedcd9a) is still read.
+// Loaded into an optimizer of the same tensors on the weights the same deterministic run ends with,
+// it saves the bytes today's run saves: its states are read as they were written, and the weights it
+// does not hold stay as they are. The run uses integer-hashed inputs only, so that nothing but the
+// library decides the bytes.
 static bnb8_optimizer *golden_run(float *pa, uint16_t *pb, float *ga, uint16_t *gb) {
     bnb8_optimizer *opt = NULL;
     bnb8_config c = bnb8_config_default(BNB8_ADAMW);   // 8-bit, dynamic maps, block 256
@@ -745,26 +753,36 @@ static bnb8_optimizer *golden_run(float *pa, uint16_t *pb, float *ga, uint16_t *
     return opt;
 }
 
-// A golden file's checks: run (the golden run's optimizer) writes its bytes (rewrites them under
-// BNB8_TEST_WRITE_GOLDEN=1); fresh, an optimizer of the same tensors, loads them and saves them back
-// byte for byte. Frees both.
+// A golden version-1 file's checks: run (the golden run's optimizer) saves today's (version 2) file,
+// which the test's own version-1 writer (test_state_file_v1) turns into the golden file's bytes
+// (BNB8_TEST_WRITE_GOLDEN=1 rewrites the golden file from it); fresh, an optimizer of the same
+// tensors on the run's final weights, loads the golden file and saves today's bytes. Frees both.
 static void golden_check(const char *name, bnb8_optimizer *run, bnb8_optimizer *fresh) {
-    char golden[256], path[256];
+    char golden[256], today[256], path[256];
     snprintf(golden, sizeof golden, "%s", test_data_path(name));
+    path_in(today, sizeof today, "golden_today.bin");
     path_in(path, sizeof path, "golden_again.bin");
     EXPECT(run != NULL && fresh != NULL, "the golden run or the fresh optimizer failed: %s", bnb8_last_error());
-    if (run && getenv("BNB8_TEST_WRITE_GOLDEN")) save_checked(run, golden);
-    if (run) save_checked(run, path);
-    EXPECT(run && files_equal(golden, path), "the same run no longer writes %s byte for byte", golden);
+    if (run) save_checked(run, today);
+    size_t size = 0, gsize = 0;
+    uint8_t *t = run ? test_slurp(today, &size) : NULL, *v1 = t ? test_state_file_v1(t, size, &size) : NULL;
+    if (v1 && getenv("BNB8_TEST_WRITE_GOLDEN")) {
+        FILE *f = fopen(golden, "wb");
+        EXPECT(f && fwrite(v1, 1, size, f) == size && fclose(f) == 0, "cannot rewrite %s", golden);
+    }
+    uint8_t *g = test_slurp(golden, &gsize);
+    EXPECT(g && gsize > 24 && get32(g + 8) == 1, "%s is not a version 1 file", golden);
+    EXPECT(v1 && g && size == gsize && memcmp(v1, g, size) == 0, "the same run, rewritten as version 1, is no longer %s", golden);
+    free(t); free(v1); free(g);
     int status = fresh ? bnb8_optimizer_load(fresh, golden) : -1;
     EXPECT(status == 0, "%s does not load: %s", golden, bnb8_last_error());
     if (status == 0) {
         save_checked(fresh, path);
-        EXPECT(files_equal(golden, path), "%s loaded and saved again differs", golden);
+        EXPECT(files_equal(today, path), "%s loaded and saved again differs from today's run's file", golden);
     }
     bnb8_optimizer_free(run);
     bnb8_optimizer_free(fresh);
-    remove(path);
+    remove(path); remove(today);
 }
 
 static void test_old_file(void) {
@@ -839,11 +857,11 @@ void tests_state(void) {
     test_run("state: save -> load -> continue equals never stopping", test_resume);
     test_run("state: corrupted or mismatched files are refused, nothing changed", test_corrupt_files);
     test_run("state: saves are atomic (tmp + rename), failures keep the old file", test_atomic_save);
-    test_run("state: file size and memory of 8-bit states (2.03125 bytes/param)", test_memory_and_file_size);
+    test_run("state: file size (6.03125 bytes/param with f32 weights) and memory of 8-bit states", test_memory_and_file_size);
     test_run("state: tensors under min_8bit_size keep 32-bit states", test_min_8bit_size);
     test_run("state: API misuse returns a status and a message", test_api_misuse);
     test_run("state: linear map and one absmax per tensor: resume, records, sizes", test_ablation_files);
-    test_run("state: a file from before those options loads and is rewritten", test_old_file);
-    test_run("state: flash records with bf16, fp16, fp32 scales from before e6m10 load and are rewritten", test_old_flash_file);
+    test_run("state: a version 1 file (before those options and the weights) loads and is rewritten", test_old_file);
+    test_run("state: version 1 flash records with bf16, fp16, fp32 scales from before e6m10 load and are rewritten", test_old_flash_file);
     rmdir(dir);
 }

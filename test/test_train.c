@@ -397,8 +397,45 @@ static void test_training(void) {
     }
 }
 
+static void spit(const char *path, const uint8_t *d, int64_t size);
+static uint8_t *slurp(const char *path, int64_t *size);
+
+// The checkpoint of step k in dir rewritten in the layout before P12 (trainer state version 1), into
+// old: model_k.bin (the fp32 masters, llm.c version 3), optim_k.bin as a version 1 optimizer file
+// (test_state_file_v1), state_k.bin as the 16 words of version 1, DONE_k. 1 on success.
+static int write_old_layout(const char *dir, const char *old, int64_t k, const GPT2Config *c, const float *masters) {
+    char from[512], to[512];
+    mkdir(old, 0700);
+    int64_t size;
+    size_t size1;
+    checkpoint_path(to, sizeof to, old, "model", k, ".bin");
+    int ok = gpt2_save_params(c, masters, to, 0) == 0;
+    checkpoint_path(from, sizeof from, dir, "optim", k, ".bin");
+    checkpoint_path(to, sizeof to, old, "optim", k, ".bin");
+    uint8_t *d = slurp(from, &size), *v1 = d ? test_state_file_v1(d, (size_t)size, &size1) : NULL;
+    if (v1) spit(to, v1, (int64_t)size1);
+    ok &= v1 != NULL;
+    free(d); free(v1);
+    checkpoint_path(from, sizeof from, dir, "state", k, ".bin");
+    checkpoint_path(to, sizeof to, old, "state", k, ".bin");
+    d = slurp(from, &size);
+    ok &= d && size == 256;
+    if (d && size == 256) {
+        int64_t w[16];
+        memcpy(w, d, sizeof w);
+        w[1] = 1; w[15] = 0;
+        spit(to, (const uint8_t *)w, sizeof w);
+    }
+    free(d);
+    checkpoint_path(to, sizeof to, old, "DONE", k, "");
+    spit(to, (const uint8_t *)"", 0);
+    return ok;
+}
+
 // Stop after k steps, resume: the later losses and the final weights equal an uninterrupted run's.
-static void resume_case(const char *recipe, const char *optimizer, int stable) {
+// With old_layout, the checkpoint rewritten in the layout before P12 resumes the same; without its
+// model file it is refused, saying so.
+static void resume_case(const char *recipe, const char *optimizer, int stable, int old_layout) {
     const int64_t N = 12, K = 5;
     char dir_a[256], dir_b[256];
     snprintf(dir_a, sizeof dir_a, "%s/run_a_%s_%s_%d", tdir, recipe, optimizer, stable);
@@ -415,7 +452,8 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
     float la[12], lb[12];
     float *wa = (float *)malloc(sizeof(float) * (size_t)n), *wb = (float *)malloc(sizeof(float) * (size_t)n);
-    if (!wa || !wb) { EXPECT(0, "out of memory"); free(wa); free(wb); return; }
+    float *wk = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!wa || !wb || !wk) { EXPECT(0, "out of memory"); free(wa); free(wb); free(wk); return; }
     for (int i = 0; i < 12; i++) la[i] = lb[i] = NAN;
 
     TrainResult ra = {0};
@@ -424,10 +462,39 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     EXPECT(train_run(&a, &ra) == 0, "uninterrupted run: %s", train_error_text);
 
     TrainResult rb = {0};
-    rb.losses = lb; rb.final_params = wb; rb.final_params_count = n;
+    rb.losses = lb; rb.final_params = wk; rb.final_params_count = n;
     a.out_dir = dir_b;
     a.stop_after = K;
     EXPECT(train_run(&a, &rb) == 0 && rb.last_step == K, "first part: %s", train_error_text);
+    rb.final_params = wb;
+    if (old_layout) {
+        char dir_c[300], model[512];
+        snprintf(dir_c, sizeof dir_c, "%s_old", dir_b);
+        EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
+        TrainArgs o = a;
+        o.out_dir = dir_c; o.stop_after = 0; o.resume = 1;
+        float lc[12];
+        float *wc = (float *)malloc(sizeof(float) * (size_t)n);
+        TrainResult rc = {0};
+        rc.losses = lc; rc.final_params = wc; rc.final_params_count = n;
+        for (int i = 0; i < 12; i++) lc[i] = la[i];
+        for (int i = (int)K; i < 12; i++) lc[i] = NAN;
+        EXPECT(wc && train_run(&o, &rc) == 0 && rc.first_step == K + 1, "%s: resume of the old layout: %s", recipe,
+               train_error_text);
+        EXPECT(wc && memcmp(la, lc, sizeof la) == 0 && memcmp(wa, wc, sizeof(float) * (size_t)n) == 0 &&
+               memcmp(&ra.val_loss, &rc.val_loss, 4) == 0, "%s %s: the old layout's resume differs from never stopping",
+               recipe, optimizer);
+        test_remove_tree(dir_c, 0);
+        EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
+        checkpoint_path(model, sizeof model, dir_c, "model", K, ".bin");
+        remove(model);
+        EXPECT(train_run(&o, NULL) != 0 && strstr(train_error_text, "older layout") && strstr(train_error_text, model),
+               "%s: old layout without its model file: '%s'", recipe, train_error_text);
+        if (tverbose) printf("    %s %s: the checkpoint in the layout before P12 resumed bit-exactly; without its model "
+                             "file: %s\n", recipe, optimizer, train_error_text);
+        free(wc);
+        test_remove_tree(dir_c, 1);
+    }
     for (int i = (int)K; i < 12; i++) lb[i] = NAN;
     a.stop_after = 0;
     a.resume = 1;
@@ -458,9 +525,67 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
                train_error_text);
     if (tverbose) printf("    %s %s stable %d: steps %lld..%lld resumed bit-exactly, final loss %.6f\n", recipe, optimizer,
                          stable, (long long)K + 1, (long long)N, (double)la[11]);
-    free(wa); free(wb);
+    free(wa); free(wb); free(wk);
     test_remove_tree(dir_a, 1);
     test_remove_tree(dir_b, 1);
+}
+
+// Checkpoint sizes (DESIGN.md §8.4), measured from the files of each recipe on the CPU against the
+// bytes its formats give, tensor by tensor: per record 4 + name + 40 + payload + 4 bytes, the payload
+// the weights as kept (fp32 for fp32 and 8bit, whose fp32 weights are their own master; bf16 + an int8
+// correction for flash and 8bit-int8) and AdamW's two states (32-bit under 4096 elements and for fp32;
+// 8-bit codes + an fp32 absmax per 256; flash codes + a bf16 scale per 32); the optimizer file's
+// 24-byte header, the trainer state's 256 bytes, an empty DONE. A tensor of a multiple of 256
+// elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125.
+static void test_checkpoint_sizes(void) {
+    const char *rec[4] = {"fp32", "8bit", "8bit-int8", "flash"};
+    const double target[4] = {12.0, 6.03125, 5.03125, 5.125};
+    for (int k = 0; k < 4; k++) {
+        char dir[256], path[512];
+        snprintf(dir, sizeof dir, "%s/sizes_%s", tdir, rec[k]);
+        TrainArgs a;
+        tiny_args(&a, rec[k], "adamw", 2);
+        a.out_dir = dir;
+        TrainResult r = {0};
+        if (train_run(&a, &r)) { EXPECT(0, "%s: %s", rec[k], train_error_text); continue; }
+        GPT2Config c;
+        gpt2_config_from_descriptor(&c, a.model);
+        c.stable_embedding = 0;
+        int64_t sizes[GPT2_NUM_PARAMS], P = 0;
+        gpt2_param_sizes(&c, sizes);
+        const Recipe *rp = &recipes[find_recipe(rec[k])];
+        int fp32 = rp->correction_bytes == 4;   // on the CPU: fp32 weights, their own master
+        double want = 24.0, wte_payload = 0.0;
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+            if (!sizes[i]) continue;
+            double n = (double)sizes[i], weights = fp32 ? 4 * n : 2 * n + n;
+            double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
+                             : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
+                             : n + 2.0 * (double)((sizes[i] + 31) / 32);
+            double payload = weights + 2 * per_state;
+            if (i == GPT2_WTE) wte_payload = payload;
+            want += 4 + (double)strlen(gpt2_param_names[i]) + 40 + payload + 4;
+            P += sizes[i];
+        }
+        checkpoint_path(path, sizeof path, dir, "optim", 2, ".bin");
+        struct stat st;
+        double optim = stat(path, &st) == 0 ? (double)st.st_size : -1;
+        checkpoint_path(path, sizeof path, dir, "state", 2, ".bin");
+        double state = stat(path, &st) == 0 ? (double)st.st_size : -1;
+        checkpoint_path(path, sizeof path, dir, "DONE", 2, "");
+        double done = stat(path, &st) == 0 ? (double)st.st_size : -1;
+        checkpoint_path(path, sizeof path, dir, "model", 2, ".bin");
+        EXPECT(stat(path, &st) != 0, "%s: a model file in the checkpoint", rec[k]);
+        EXPECT(optim == want && state == 256 && done == 0, "%s: optimizer file %.0f bytes (expected %.0f), trainer state "
+               "%.0f (256), DONE %.0f (0)", rec[k], optim, want, state, done);
+        EXPECT((double)r.checkpoint_bytes == optim + state, "%s: the trainer reports %lld bytes, the files hold %.0f",
+               rec[k], (long long)r.checkpoint_bytes, optim + state);
+        EXPECT(wte_payload / (double)sizes[GPT2_WTE] == target[k], "%s: wte's record %.5f bytes per parameter, target %.5f",
+               rec[k], wte_payload / (double)sizes[GPT2_WTE], target[k]);
+        printf("    %-9s checkpoint %8.0f bytes for %lld parameters: %.4f bytes per parameter (wte: %.5f; target %.5f)\n",
+               rec[k], optim + state, (long long)P, (optim + state) / (double)P, wte_payload / (double)sizes[GPT2_WTE], target[k]);
+        test_remove_tree(dir, 1);
+    }
 }
 
 // Gradient accumulation: A = 2 micro-batches of B = 4 read the same tokens as one batch of B = 8,
@@ -518,15 +643,15 @@ static void test_accumulation(void) {
 }
 
 static void test_resume(void) {
-    resume_case("fp32", "adamw", 0);
-    resume_case("8bit", "adamw", 0);
-    resume_case("8bit", "lion", 1);
-    resume_case("fp32", "sgd", 1);
-    resume_case("flash", "adamw", 0);   // the final weights compared are the decoded fp32 masters
-    resume_case("flash", "lion", 1);
-    resume_case("flash", "sgd", 0);
-    resume_case("8bit-int8", "adamw", 0);
-    resume_case("8bit-int8", "lion", 1);
+    resume_case("fp32", "adamw", 0, 1);
+    resume_case("8bit", "adamw", 0, 1);
+    resume_case("8bit", "lion", 1, 0);
+    resume_case("fp32", "sgd", 1, 0);
+    resume_case("flash", "adamw", 0, 1);   // the final weights compared are the decoded fp32 masters
+    resume_case("flash", "lion", 1, 0);
+    resume_case("flash", "sgd", 0, 0);
+    resume_case("8bit-int8", "adamw", 0, 1);
+    resume_case("8bit-int8", "lion", 1, 0);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -631,6 +756,130 @@ static void test_model_files(void) {
     }
 }
 
+// The mean loss of a model over the first `batches` batches of (B, T) of a tokens file, as the trainer's
+// evaluate forms it (each batch's mean loss, summed in double); with grads, also the gradient of that
+// mean (num_parameters floats).
+static float eval_model(GPT2 *m, const TokenFile *val, int64_t B, int64_t T, int64_t batches, float *grads) {
+    int64_t n = (val->count - 1) / (B * T);
+    if (n > batches) n = batches;
+    int *in = (int *)malloc(sizeof(int) * (size_t)(2 * B * T)), *tg = in + B * T;
+    if (!in || gpt2_alloc_acts(m, B, T)) { free(in); return NAN; }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t *p = val->tokens + i * B * T;
+        for (int64_t j = 0; j < B * T; j++) { in[j] = p[j]; tg[j] = p[j + 1]; }
+        sum += gpt2_forward(m, in, tg, B, T);
+        if (grads) gpt2_backward(m, grads, i > 0, NULL, NULL);
+    }
+    for (int64_t j = 0; grads && j < m->num_parameters; j++) grads[j] /= (float)n;
+    free(in);
+    return (float)(sum / (double)n);
+}
+
+// bf16 round to nearest even of a finite float, on its bits (the test's own).
+static uint16_t rne_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Model export (SPEC §7, DESIGN.md §8.1): a run of the fp32 recipe writes its final weights with -X -F
+// fp32; the same checkpoint, exported without training (-y 1, -n 1), with -F bf16; and a flash run
+// with each. Each file: the header (magic, version, maxT, V, L, NH, C, Vp), exactly 1024 + 4 or 2
+// bytes per parameter, the 16 tensors at the offsets llm.c's order gives (computed here from the
+// shapes), wte padded to Vp rows with zeros, fp32 = the run's masters, bf16 = their RNE. Loaded back:
+// the v3 file gives the run's val loss bit for bit (fp32 recipe: the weights are the masters); the v5
+// file within the bar derived from the rounding: |L(w + dw) - L(w)| <= 2 sum |g_i| |dw_i|, g the
+// gradient of the val loss at w: the first-order term is at most the sum, and the second-order
+// term of relative changes of 2^-9 is far below it (the factor 2).
+static void check_model_file(const char *path, const GPT2Config *c, const float *masters, int bf16, const char *what) {
+    int64_t size;
+    uint8_t *d = slurp(path, &size);
+    int64_t C = c->channels, L = c->num_layers, V = c->vocab_size, Vp = c->padded_vocab_size, T = c->max_seq_len;
+    // llm.c's order and shapes
+    const int64_t shape[16] = {Vp * C, T * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
+                               L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+    int64_t P = 0;
+    for (int i = 0; i < 16; i++) P += shape[i];
+    int64_t es = bf16 ? 2 : 4;
+    EXPECT(d && size == 1024 + es * P, "%s: %lld bytes, expected %lld", what, (long long)size, (long long)(1024 + es * P));
+    if (!d || size != 1024 + es * P) { free(d); return; }
+    int32_t h[256];
+    memcpy(h, d, sizeof h);
+    const int32_t want[9] = {20240326, bf16 ? 5 : 3, (int32_t)T, (int32_t)V, (int32_t)L, c->num_heads, (int32_t)C, (int32_t)Vp, 0};
+    for (int k = 0; k < 9; k++) EXPECT(h[k] == want[k], "%s: header[%d] = %d, expected %d", what, k, h[k], want[k]);
+    int64_t bad = 0, off = 0, pad = 0;
+    for (int i = 0; i < 16; i++) {
+        for (int64_t j = 0; j < shape[i]; j++) {
+            const uint8_t *e = d + 1024 + es * (off + j);
+            if (bf16) { uint16_t b; memcpy(&b, e, 2); bad += b != rne_bf16(masters[off + j]); }
+            else bad += memcmp(e, &masters[off + j], 4) != 0;
+            if (i == 0 && j >= V * C) { uint32_t z = 0; pad += memcmp(e, &z, (size_t)es) != 0; }
+        }
+        off += shape[i];
+    }
+    EXPECT(bad == 0, "%s: %lld weights differ from the run's %s", what, (long long)bad, bf16 ? "masters rounded to bf16" : "masters");
+    EXPECT(pad == 0, "%s: %lld of wte's padding elements are not zero", what, (long long)pad);
+    free(d);
+}
+
+static void test_export(void) {
+    char dir[256], v3[256], v5[256], val[256];
+    tpath(dir, sizeof dir, "export_run");
+    tpath(v3, sizeof v3, "export_v3.bin");
+    tpath(v5, sizeof v5, "export_v5.bin");
+    tpath(val, sizeof val, "val.bin");
+    test_remove_tree(dir, 1);
+    const char *rec[2] = {"fp32", "flash"};
+    for (int k = 0; k < 2; k++) {
+        TrainArgs a;
+        tiny_args(&a, rec[k], "adamw", 8);
+        a.model = "d2c64h4v65t16";   // Vp = 128 > V = 65: wte has padding rows
+        a.out_dir = dir; a.export_path = v3; a.export_bf16 = 0;
+        GPT2Config c;
+        gpt2_config_from_descriptor(&c, a.model);
+        c.stable_embedding = 0;
+        int64_t sizes[GPT2_NUM_PARAMS], n = 0;
+        gpt2_param_sizes(&c, sizes);
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
+        float *w = (float *)malloc(sizeof(float) * (size_t)n), *g = (float *)malloc(sizeof(float) * (size_t)n);
+        TrainResult r = {0}, r5 = {0};
+        r.final_params = w; r.final_params_count = n;
+        if (!w || !g || train_run(&a, &r)) { EXPECT(0, "%s run: %s", rec[k], train_error_text); free(w); free(g); return; }
+        check_model_file(v3, &c, w, 0, "fp32 export (version 3)");
+        // From the checkpoint, without training: bf16.
+        a.export_path = v5; a.export_bf16 = 1; a.resume = 1; a.steps = 1;
+        EXPECT(train_run(&a, &r5) == 0 && r5.first_step == 9 && r5.last_step == 8, "%s: export from the checkpoint: %s",
+               rec[k], train_error_text);
+        EXPECT(memcmp(&r5.val_loss, &r.val_loss, 4) == 0, "%s: the checkpoint's val loss %.9g, the run's %.9g", rec[k],
+               (double)r5.val_loss, (double)r.val_loss);
+        check_model_file(v5, &c, w, 1, "bf16 export (version 5)");
+        // Loaded back: val losses.
+        TokenFile vf;
+        GPT2 m3, m5;
+        if (tokens_load(&vf, val) || gpt2_load(&m3, v3) || gpt2_load(&m5, v5)) { EXPECT(0, "%s", train_error_text); free(w); free(g); return; }
+        float l3 = eval_model(&m3, &vf, a.B, a.T, a.val_batches, g);
+        float l5 = eval_model(&m5, &vf, a.B, a.T, a.val_batches, NULL);
+        double bound = 0.0, first = 0.0;   // the bar, and the first-order estimate of the change (printed)
+        for (int64_t i = 0; i < n; i++) {
+            double dw = (double)m5.params_memory[i] - (double)m3.params_memory[i];
+            bound += fabs((double)g[i]) * fabs(dw);
+            first += (double)g[i] * dw;
+        }
+        bound *= 2.0;
+        if (k == 0)
+            EXPECT(memcmp(&l3, &r.val_loss, 4) == 0, "fp32: the v3 file's val loss %.9g, the run's %.9g", (double)l3, (double)r.val_loss);
+        EXPECT(fabs((double)l5 - (double)l3) <= bound && bound < 0.01 * l3, "%s: the v5 file's val loss %.9g, the v3 file's "
+               "%.9g: |difference| %.3g, bar %.3g", rec[k], (double)l5, (double)l3, fabs((double)l5 - (double)l3), bound);
+        printf("    %-5s export: run val %.6f; v3 file %.6f, v5 file %.6f (v5 - v3 %+.2e, first-order g.dw %+.2e, bar "
+               "2 sum|g||dw| %.2e)\n", rec[k], (double)r.val_loss, (double)l3, (double)l5, (double)l5 - (double)l3, first, bound);
+        gpt2_free(&m3); gpt2_free(&m5); free(vf.tokens);
+        free(w); free(g);
+        test_remove_tree(dir, 1);
+        remove(v3); remove(v5);
+    }
+}
+
 static void test_tokens_files(void) {
     uint16_t tok[100];
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 7 % 64);
@@ -700,25 +949,76 @@ static void test_tokenizer_files(void) {
     remove(bad);
 }
 
+// A trainer state file (DESIGN.md §8.5) written here, word by word: version 2 with the model's shape
+// and the FNV-1a checksum of words 0..30 in word 31, or version 1 (16 words, no shape, no checksum).
+static void write_state_words(const char *path, const int64_t *w, int words, int fix_checksum) {
+    int64_t v[32];
+    memcpy(v, w, 8 * (size_t)words);
+    if (fix_checksum && words == 32) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < 8 * 31; i++) h = (h ^ ((const uint8_t *)v)[i]) * 0x100000001b3ull;
+        v[31] = (int64_t)h;
+    }
+    spit(path, (const uint8_t *)v, 8 * words);
+}
+
 static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
     tpath(bad, sizeof bad, "bad_state.bin");
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3, 2}, back;
+    GPT2Config c;
+    gpt2_config_from_descriptor(&c, "d2c32h2v60t16");
+    c.stable_embedding = 1;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
     uint8_t *d = slurp(good, &size);
     if (!d) { EXPECT(0, "cannot read %s", good); return; }
-    variant(bad, d, size, 0, 1, size);        expect_refused(load_state_file, bad, "magic", "state: wrong magic");
-    variant(bad, d, size, 2, 9, size);        expect_refused(load_state_file, bad, "version", "state: wrong version");
-    variant(bad, d, size, 5, -1, size);       expect_refused(load_state_file, bad, "step", "state: negative step");
-    variant(bad, d, size, 14, 99, size);      expect_refused(load_state_file, bad, "inconsistent", "state: bad recipe");
-    variant(bad, d, size, 27, -1, size);      expect_refused(load_state_file, bad, "inconsistent", "state: negative micro-batches");
-    variant(bad, d, size, 28, 3, size);       expect_refused(load_state_file, bad, "inconsistent", "state: 3-byte weights");
-    variant(bad, d, size, -1, 0, size - 8);   expect_refused(load_state_file, bad, "truncated", "state: truncated");
-    variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
+    // The words as DESIGN.md §8.5 lays them out.
+    int64_t w[32], want[22] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
+                               16, 60, 64, 2, 2, 32, 6};
+    EXPECT(size == 256, "version 2 state file: %lld bytes, expected 256", (long long)size);
+    if (size == 256) memcpy(w, d, 256);
+    for (int k = 0; k < 22 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
     free(d);
+    if (size != 256) return;
+    // Every field refused by the loader, the checksum made right so that it is the field that fails.
+    struct { int word; int64_t value; const char *what, *label; } forged[] = {
+        {0, 1, "magic", "wrong magic"}, {1, 9, "version", "wrong version"}, {2, -1, "step", "negative step"},
+        {7, 99, "inconsistent", "bad recipe"}, {13, -1, "inconsistent", "negative micro-batches"},
+        {14, 3, "inconsistent", "3-byte weights"}, {14, 0, "inconsistent", "no weight size"},
+        {9, 2, "inconsistent", "StableEmbedding 2"}, {19, 3, "bad model shape", "C not a multiple of NH"},
+        {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"},
+        {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"}};
+    for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
+        int64_t v[32];
+        memcpy(v, w, sizeof v);
+        v[forged[k].word] = forged[k].value;
+        write_state_words(bad, v, 32, 1);
+        char label[96];
+        snprintf(label, sizeof label, "state: %s", forged[k].label);
+        expect_refused(load_state_file, bad, forged[k].what, label);
+    }
+    int64_t v[32];
+    memcpy(v, w, sizeof v);
+    v[3] ^= 1;                                // a damaged word, the checksum left as it was
+    write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "checksum", "state: a flipped bit");
+    write_state_words(bad, w, 31, 0);         expect_refused(load_state_file, bad, "truncated", "state: truncated");
+    spit(bad, (const uint8_t *)w, 12);        expect_refused(load_state_file, bad, "truncated", "state: 12 bytes");
+    memcpy(v, w, sizeof v);
+    v[31] = 0;
+    write_state_words(bad, v, 32, 0);
+    FILE *f = fopen(bad, "ab");
+    if (f) { fwrite(v, 8, 1, f); fclose(f); }
+    expect_refused(load_state_file, bad, "oversized", "state: oversized");
+    // Version 1 (16 words): loads, with the fields it has; oversized at 32 words.
+    memcpy(v, w, sizeof v);
+    v[1] = 1; v[14] = 0; v[15] = 0;
+    write_state_words(bad, v, 16, 0);
+    EXPECT(state_load(&back, bad) == 0 && back.version == 1 && back.step == 7 && back.rng == s.rng && back.accum == 3 &&
+           back.weight_bytes == 0, "version 1 state file: %s", train_error_text);
+    write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "oversized", "state: version 1 of 32 words");
     // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
     TrainArgs a;
     train_args_default(&a);
@@ -792,7 +1092,7 @@ static void test_settings(void) {
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
         {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"},
         {3, {"t", "-A", "0"}, "-A expects"}, {3, {"t", "-C", "2"}, "-C expects"}, {3, {"t", "-P", "fp16"}, "-P"},
-        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}};
+        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}, {3, {"t", "-F", "fp16"}, "-F"}, {2, {"t", "-X"}, "needs a value"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -807,6 +1107,11 @@ static void test_settings(void) {
     EXPECT(parse_args(13, (char **)good, &a, given) == 0 && a.B == 4 && a.steps == 7 && a.stable_embedding == 1 &&
            strcmp(a.optimizer, "lion") == 0 && a.lr == 1e-3f, "good flags: %s", train_error_text);
     EXPECT(given['b'] && given['r'] && given['w'] && !given['e'] && !given['g'], "flags given");
+    const char *export_flags[] = {"t", "-X", "m.bin", "-F", "fp32"};
+    EXPECT(parse_args(5, (char **)export_flags, &a, given) == 0 && strcmp(a.export_path, "m.bin") == 0 && a.export_bf16 == 0,
+           "-X m.bin -F fp32: %s", train_error_text);
+    parse_args(1, (char **)export_flags, &a, given);
+    EXPECT(a.export_path[0] == 0 && a.export_bf16 == 1, "-X and -F default: none, bf16");
     const char *more[] = {"t", "-A", "3", "-C", "1"};
     EXPECT(parse_args(5, (char **)more, &a, given) == 0 && a.accum == 3 && a.recompute == 1, "-A 3 -C 1: %s", train_error_text);
     const char *parity[] = {"t", "-r", "8bit-int8", "-P", "fp32"};
@@ -886,9 +1191,13 @@ void tests_train(void) {
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
     test_run("train: 50 steps lower the loss; 8bit, flash and 8bit-int8 within 2% of fp32; bytes per parameter", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd)", test_resume);
+    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd; the old layout)",
+             test_resume);
+    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125 bytes/param",
+             test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
+    test_run("train: export to llm.c model files (fp32 v3, bf16 v5): layout, loss when loaded back", test_export);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
     test_run("train: tokenizer files: bad ones refused, naming the file", test_tokenizer_files);
     test_run("train: trainer and optimizer state files: bad ones refused", test_state_files);

@@ -15,7 +15,9 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
   accum    B=2 x 2 micro-batches (-A 2) trains as B=4 on the GPU (fp32 parity model + SGD within 1e-4,
            flash within 1%, bf16 gradient sums); release refuses -A 2;
   resume   stop at step 3, resume to 6: bit-identical to a run that never stopped, for fp32, 8bit,
-           8bit-int8, flash, flash + release, and 8bit on the fp32 parity model;
+           8bit-int8, flash, flash + release, and 8bit on the fp32 parity model; each checkpoint's bytes
+           equal the formats' (fp32 and 8bit: an fp32 master and no bf16 weights; about 12, 6.03,
+           5.03, 5.125 bytes per parameter);
   memory   d12 (-w 0, B=16, T=1024): persistent bytes per parameter 16, 10.031, 7.031, 7.125 for fp32,
            8bit, 8bit-int8, flash, and 14, 8.031, 5.031, 5.125 with release (no gradient buffer), and
            the device memory measured by cudaMemGetInfo within 5% of the computed total; tokens/s
@@ -203,6 +205,37 @@ static void test_accumulation(void) {
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-A 1"), "release with -A 2: '%s'", train_error_text);
 }
 
+// A checkpoint's bytes by the formats (DESIGN.md §8.4), tensor by tensor as the trainer registers them
+// (under release each per-layer tensor as L slices "name.l" with its whole tensor's states): per record
+// 4 + name + 40 + payload + 4, the payload the weights as kept and AdamW's two states; the optimizer
+// file's 24-byte header and the trainer state's 256 bytes. The bf16 model keeps an fp32 master and no
+// weights in the file (fp32, 8bit: their weights are RNE(master)) or bf16 weights + an int8
+// correction (8bit-int8, flash); the fp32 parity model fp32 weights.
+static double expected_checkpoint_bytes(const char *desc, const char *recipe, int parity, int release) {
+    GPT2Config c;
+    gpt2_config_from_descriptor(&c, desc);
+    c.stable_embedding = 0;
+    int64_t sizes[GPT2_NUM_PARAMS];
+    gpt2_param_sizes(&c, sizes);
+    const Recipe *r = &recipes[find_recipe(recipe)];
+    double bytes = 24.0 + 256.0;
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+        if (!sizes[i]) continue;
+        int64_t slices = release && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
+        for (int64_t l = 0; l < slices; l++) {
+            char name[64];
+            if (slices > 1) snprintf(name, sizeof name, "%s.%lld", gpt2_param_names[i], (long long)l);
+            else snprintf(name, sizeof name, "%s", gpt2_param_names[i]);
+            double weights = parity || r->correction_bytes == 4 ? 4.0 * (double)n : 3.0 * (double)n;
+            double per_state = sizes[i] < 4096 || r->states == BNB8_STATE_32BIT ? 4.0 * (double)n
+                             : r->states == BNB8_STATE_8BIT ? (double)n + 4.0 * (double)((n + 255) / 256)
+                             : (double)n + 2.0 * (double)((n + 31) / 32);
+            bytes += 4 + (double)strlen(name) + 40 + weights + 2 * per_state + 4;
+        }
+    }
+    return bytes;
+}
+
 static void test_resume(void) {
     const char *recipes_[] = {"fp32", "8bit", "8bit-int8", "flash", "flash", "8bit"};
     const char *what[] = {"", "", "", "", " + release", " (fp32 parity model)"};
@@ -216,7 +249,13 @@ static void test_resume(void) {
         a.parity = k == 5;
         test_remove_tree(scratch, 1);
         a.out_dir = scratch;
-        int ok = run(&a, l0, p0, n, NULL) == 0;
+        TrainResult r0;
+        int ok = run(&a, l0, p0, n, &r0) == 0;
+        double want = expected_checkpoint_bytes("d2c64h2", recipes_[k], a.parity, a.release);
+        EXPECT(!ok || (double)r0.checkpoint_bytes == want, "%s%s: checkpoint of %lld bytes, the formats give %.0f",
+               recipes_[k], what[k], (long long)r0.checkpoint_bytes, want);
+        if (ok) printf("  checkpoint: %s%s: %lld bytes, %.4f bytes per parameter (%.0f by the formats)\n", recipes_[k], what[k],
+                       (long long)r0.checkpoint_bytes, (double)r0.checkpoint_bytes / (double)n, want);
         test_remove_tree(scratch, 1);
         memset(l1, 0, sizeof l1);
         a.stop_after = 3;

@@ -1,16 +1,18 @@
 /*
 fuzz_checkpoint.c — libFuzzer harness for the trainer's checkpoint directory: the scan for the
 newest complete checkpoint (checkpoint_latest) and resuming from it (train_run with -y 1: the
-trainer state file, the model file, the optimizer state file and the checks between them).
+trainer state file, the optimizer state file with every weight, or in the older layout of trainer
+state version 1 the model file beside them, and the checks between them).
 
 Input: an archive of directory entries, each [u8 kind][u8 step][u16 length, little-endian][bytes]:
   kind % 8 = 0 DONE_<step>, 1 model_<step>.bin, 2 optim_<step>.bin, 3 state_<step>.bin (the bytes
   are the file), 4 a file whose name is the bytes (letters, digits, '_' and '.' kept), 5 a leftover
-  temporary <model|optim|state>_<step>.bin.tmp, 6 DONE_<u32 of the bytes, 8 digits>, 7 a directory
+  temporary <model|optim|state>_<step>.bin.tmp, 6 DONE_<u32 of the bytes, at least 8 digits>, 7 a directory
   DONE_<step>.
 The harness makes that directory, checks checkpoint_latest against its own reading of the names,
-then resumes one step from it (B, T, recipe and optimizer as the trainer state file says, when they
-are sane) on a fixed tokens file. A resume that works must leave a complete checkpoint one step on.
+then resumes to one step past it (B, T, recipe and optimizer as the trainer state file says, when
+they are sane) on a fixed tokens file. A resume that works must start from a complete checkpoint (the
+newest, or an earlier one when the newer are damaged) and leave a complete checkpoint one step on.
 */
 #define _POSIX_C_SOURCE 200809L
 #include "../../train_gpt2_8bit.h"
@@ -30,11 +32,13 @@ static void put_file(const char *dir, const char *name, const uint8_t *data, siz
     fclose(f);
 }
 
-// The step a DONE marker names: "DONE_" and 8 digits, else 0 (the trainer's rule, written again).
+// The step a DONE marker names: "DONE_" and at least 8 digits without extra leading zeros, at
+// most 13 (the trainer's rule, written again), else 0.
 static int64_t done_step(const char *name) {
-    if (strncmp(name, "DONE_", 5) != 0 || strlen(name) != 13) return 0;
+    size_t len = strlen(name);
+    if (strncmp(name, "DONE_", 5) != 0 || len < 13 || len > 18 || (len > 13 && name[5] == '0')) return 0;
     int64_t v = 0;
-    for (int i = 5; i < 13; i++) {
+    for (size_t i = 5; i < len; i++) {
         if (name[i] < '0' || name[i] > '9') return 0;
         v = 10 * v + (name[i] - '0');
     }
@@ -62,7 +66,8 @@ static size_t pack_file(uint8_t *out, size_t at, const char *dir, int kind, int 
 }
 
 // Seeds: the checkpoints of real 3-step runs (every step checkpointed) of a tiny model, as a whole,
-// with the newest one incomplete, and with leftovers and stray names.
+// with the newest one incomplete, and with leftovers and stray names. (No model files: the trainer
+// writes none since trainer state version 2; the fuzzer reaches the older layout by mutation.)
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     const char *seeds = getenv("FUZZ_WRITE_SEEDS");
@@ -90,7 +95,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         for (int variant = 0; variant < 3; variant++) {
             size_t at = 0;
             for (int step = 1; step <= 3; step++)
-                for (int kind = 1; kind <= 4; kind++) {
+                for (int kind = 2; kind <= 4; kind++) {
                     if (kind == 4 && step == 3 && variant == 1) continue;     // newest without DONE
                     at = pack_file(out, at, dir, kind % 4, step);
                 }
@@ -153,7 +158,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 6: {
             uint32_t v = 0;
             memcpy(&v, bytes, len < 4 ? len : 4);
-            snprintf(name, sizeof name, "DONE_%08u", v % 100000000u);
+            snprintf(name, sizeof name, "DONE_%08u", v);   // up to 10 digits: steps past 10^8 too
             len = 0;
             break;
         }
@@ -189,11 +194,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         a.out_dir = dir; a.resume = 1; a.steps = latest + 1;
         a.B = 1; a.T = 4; a.eval_every = 0; a.gen_tokens = 0; a.verbose = 0;
         // Settings as the trainer state file says, when they are small and known: the resume then
-        // gets past the settings check to the model and optimizer files.
+        // gets past the settings check to the model and optimizer files. (Words 0..15 mean the same
+        // in both versions.)
         char path[512];
         checkpoint_path(path, sizeof path, dir, "state", latest, ".bin");
         FILE *f = fopen(path, "rb");
-        int64_t w[STATE_WORDS];
+        int64_t w[16];
         if (f && fread(w, sizeof w, 1, f) == 1) {
             if (w[5] >= 1 && w[6] >= 1 && w[5] <= 4 && w[6] <= 16) { a.B = w[5]; a.T = w[6]; }
             if (w[7] >= 0 && w[7] < num_recipes) a.recipe = recipes[w[7]].name;
@@ -206,8 +212,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (getenv("FUZZ_DEBUG"))   // FUZZ_DEBUG=1 ./fuzz_checkpoint input...: what each resume did
             fprintf(stderr, "checkpoint %lld, %s %s B=%lld T=%lld: %s\n", (long long)latest, a.recipe, a.optimizer,
                     (long long)a.B, (long long)a.T, rc ? train_error_text : "resumed");
-        if (rc == 0) {
-            if (r.first_step != latest + 1 || checkpoint_latest(dir) != latest + 1) {
+        if (rc == 0) {   // from the newest complete checkpoint, or one before it when that one is damaged
+            char done[512];
+            checkpoint_path(done, sizeof done, dir, "DONE", r.first_step - 1, "");
+            struct stat st;
+            if (r.first_step < 2 || r.first_step > latest + 1 || stat(done, &st) != 0 || checkpoint_latest(dir) != latest + 1) {
                 fprintf(stderr, "resumed at step %lld from checkpoint %lld; newest now %lld\n", (long long)r.first_step,
                         (long long)latest, (long long)checkpoint_latest(dir));
                 abort();
