@@ -9,6 +9,8 @@ See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU
 #include <stdlib.h>
 #include <stdarg.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -1229,12 +1231,28 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     return status;
 }
 
+// path opened for reading if it is a regular file; a directory, FIFO or device is refused (opened
+// non-blocking to find out: fopen would wait on a FIFO for a writer). NULL with the message set.
+static FILE *bnb8_open_regular(const char *fn, const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path); return NULL; }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        bnb8_fail(BNB8_ERR_IO, "%s: %s is not a regular file (a directory, FIFO or device)", fn, path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path); close(fd); }
+    return f;
+}
+
 int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     const char *fn = "bnb8_optimizer_load";
     if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
     if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
-    FILE *f = fopen(path, "rb");
-    if (!f) return bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path);
+    FILE *f = bnb8_open_regular(fn, path);
+    if (!f) return BNB8_ERR_IO;
     ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));

@@ -599,7 +599,8 @@ BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnor
 // A flash step of one group of 32 elements, on either back end:
 //   per element  p = bnb8_master_load(...); g = bnb8_load(grad, ...);
 //                s[k] = bnb8_expand_value(code_k, old scale_k, signed_k);
-//                if bnb8_isfinite(g): bnb8_master_store(..., bnb8_apply(a, p, bnb8_direction(a, p, g, s), 1))
+//                pn = bnb8_apply(a, p, bnb8_direction(a, p, g, s'), 1) on a copy s' of the states;
+//                if bnb8_isfinite(g) and bnb8_results_finite(pn, dtype, s', nstates): bnb8_master_store(..., pn), s = s'
 //                (else count it: weight, correction and s[k] stay as they were)
 //   per group    amax_k = fmaxf over the group of bnb8_compand_magnitude(s[k], signed_k), from 0.0f;
 //                scale_k = bnb8_scale_round_up(amax_k, scale_dtype); bnb8_store(scales_k, scale_dtype, group, scale_k)

@@ -211,6 +211,8 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         for (size_t i = 0; i < t.size(); i++) {
             fill_random(t[i].g_cpu.data(), gdtype, t[i].n, 0.01f * (1.0f + (step % 7 == 0) * 50.0f));
             if (step % 10 == 3 && t[i].n > 10) bnb8_store(t[i].g_cpu.data(), gdtype, step % t[i].n, NAN);
+            // a finite gradient whose v = g^2 (or an SGD weight in fp16) overflows: counted and kept (P13)
+            if (step % 10 == 6 && t[i].n > 20) bnb8_store(t[i].g_cpu.data(), gdtype, (7 * step) % t[i].n, 1e30f);
             CUDA_CHECK(cudaMemcpy(t[i].g_gpu, t[i].g_cpu.data(), t[i].n * gs, cudaMemcpyHostToDevice));
         }
         float lr = cfg.lr * (0.5f + 0.5f * cosf(3.14159265f * step / steps)), gnorm_scale = step % 5 == 0 ? 0.5f : 1.0f;
