@@ -458,17 +458,18 @@ static int ensure_dir(const char *dir) {
     return 0;
 }
 
-// Removes the temporaries a run killed while writing left in dir (names holding ".tmp": a kill or
-// SIGXFSZ between create and rename), saying so. Called at start, once the run owns dir.
-// (P12's checkpoint layout: call it after the directory lock, with its temporary names.)
+// Removes the temporaries a run killed while writing left in dir (regular files whose names hold
+// ".tmp": a kill or SIGXFSZ between create and rename), saying so. Called at start, once the run
+// owns dir. (P12's checkpoint layout: call it after the directory lock, with its temporary names.)
 static void remove_stale_temporaries(const char *dir, int verbose) {
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
+    struct stat st;
     char path[4096];
     while ((e = readdir(d)))
         if (strstr(e->d_name, ".tmp") && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
-            remove(path) == 0 && verbose)
+            lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0 && verbose)
             printf("note: removed %s, a temporary file an interrupted run left\n", path);
     closedir(d);
 }
