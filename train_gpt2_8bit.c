@@ -1156,7 +1156,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
     int have_val = a->val_path[0] != 0;
     if (have_val && a->eval_every > 0 && t->start == 0) {
         pr->val_first = pr->val_last = evaluate(t);
-        if (a->verbose) printf("step %5d | val loss %.4f\n", 0, (double)pr->val_first);
+        if (a->verbose) printf("step %5d | val loss %.4f%s\n", 0, (double)pr->val_first, not_finite(pr->val_first));
     }
     int64_t bad_steps = 0;      // in a row: the loss not finite or the update skipped
     for (int64_t s = t->start + 1; s <= t->end; s++) {

@@ -754,8 +754,7 @@ static void test_errors(void) {
     GPT2CudaConfig huge = {1 << 20, 64, 64, 512, 128, 128, 0, 0};
     EXPECT(gpt2_cuda_create(&m, &huge, GPT2_CUDA_BF16, 128, 1 << 20) == -1 && m == NULL &&
            strstr(gpt2_cuda_last_error(), "2^52"), "the issue's activation sizes: '%s'", gpt2_cuda_last_error());
-    printf("  huge activations: %s
-", gpt2_cuda_last_error());
+    printf("  huge activations: %s\n", gpt2_cuda_last_error());
     GPT2CudaConfig deep = {64, 100, 128, 4097, 4, 64, 0, 0};
     EXPECT(gpt2_cuda_create(&m, &deep, GPT2_CUDA_FP32, 2, 16) == -1 && m == NULL && strstr(gpt2_cuda_last_error(), "L must"),
            "L = 4097: '%s'", gpt2_cuda_last_error());

@@ -112,7 +112,21 @@ static void test_divergence_stops(void) {
     TrainResult r = {0};
     small_args(&a, 30);
     a.model = model; a.out_dir = out; a.ckpt_every = 1;
-    expect_message(train_run(&a, &r), "in a row", "weights of 3e38");
+    a.eval_every = 5; a.verbose = 1;             // the validation loss at step 0 is NaN: printed as such
+    char log[128];
+    gpath(log, sizeof log, "huge_stdout.txt");
+    fflush(stdout);
+    int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (saved >= 0 && fd >= 0) { dup2(fd, 1); close(fd); }
+    int status = train_run(&a, &r);
+    fflush(stdout);
+    if (saved >= 0) { dup2(saved, 1); close(saved); }
+    expect_message(status, "in a row", "weights of 3e38");
+    size_t n = 0;
+    char *text = (char *)test_slurp(log, &n);
+    EXPECT(text && strstr(text, "| val loss") && strstr(text, "nan (not finite)"), "the NaN validation loss is not reported as such: %s",
+           text ? text : "(no output)");
+    free(text);
     EXPECT(strstr(train_error_text, "steps 1..10"), "stopped at the wrong step: '%s'", train_error_text);
     EXPECT(count_done(out) == 0, "%d checkpoints written from weights whose loss is NaN", count_done(out));
     test_remove_tree(out, 1);
