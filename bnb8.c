@@ -9,6 +9,8 @@ See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU
 #include <stdlib.h>
 #include <stdarg.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -155,21 +157,25 @@ static const uint32_t bnb8_dynamic_unsigned_bits[256] = {
     0x3f744ccc, 0x3f76199a, 0x3f77e666, 0x3f79b334, 0x3f7b8000, 0x3f7d4ccc, 0x3f7f199a, 0x3f800000,
 };
 
-void bnb8_map_dynamic(float code[256], int is_signed) {
+int bnb8_map_dynamic(float code[256], int is_signed) {
+    if (!code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_dynamic: code is NULL");
     const uint32_t *bits = is_signed ? bnb8_dynamic_signed_bits : bnb8_dynamic_unsigned_bits;
     for (int i = 0; i < 256; i++) code[i] = bnb8_bits_f32(bits[i]);
+    return BNB8_OK;
 }
 
-void bnb8_map_linear(float code[256], int is_signed) {
+int bnb8_map_linear(float code[256], int is_signed) {
+    if (!code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_linear: code is NULL");
     if (!is_signed) {
         for (int i = 0; i < 256; i++) code[i] = (float)((double)i / 255.0);
-        return;
+        return BNB8_OK;
     }
     // 255 values -1 + 2k/254 (k = 127 is zero), with a second zero after index 127.
     for (int i = 0; i < 256; i++) {
         int k = i <= 127 ? i : i - 1;
         code[i] = (float)(-1.0 + 2.0 * k / 254.0);
     }
+    return BNB8_OK;
 }
 
 static int bnb8_compare_floats(const void *a, const void *b) {
@@ -460,14 +466,50 @@ static int bnb8_flash_kind(bnb8_optim kind) {
     return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION;
 }
 
+// Where an update divides (DESIGN.md §5.3): by the bias corrections 1 - beta1^t and 1 - beta2^t
+// (the Adam family and AdEMAMix: betas below 1), and by sqrt(v) + eps where v may be 0 (eps > 0).
+static int bnb8_bias_corrected(bnb8_optim kind) {
+    return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB || kind == BNB8_ADEMAMIX;
+}
+static int bnb8_divides_by_eps(bnb8_optim kind) {
+    return bnb8_bias_corrected(kind) || kind == BNB8_RMSPROP || kind == BNB8_ADAGRAD;
+}
+
+// Weight decay: wd >= 0 (PyTorch's rule) and lr wd < 1 at the tensor's learning rate: at 1 or more
+// the decay factor 1 - lr wd (AdamW, Lion, LAMB, AdEMAMix), and SGD's L2 step alike, zeroes the
+// weights or flips their sign every step.
+static int bnb8_check_decay(const char *fn, const char *name, double lr, float wd) {
+    if (!bnb8_isfinite(wd) || !(wd >= 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: %s%sweight_decay %g must be finite and >= 0", fn, name, name[0] ? ": " : "", (double)wd);
+    if (lr * wd >= 1.0)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: %s%slr %g x weight_decay %g = %g must be below 1 (the decay factor 1 - lr wd "
+                         "would zero or flip the weights)", fn, name, name[0] ? ": " : "", lr, (double)wd, lr * wd);
+    return BNB8_OK;
+}
+
+// What no optimizer of kind can use is refused with a message naming the field (README, "What the
+// library refuses").
 static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config *c) {
+    const char *names[] = {"beta1", "beta2", "beta3", "momentum", "dampening"};
     const float in01[] = {c->beta1, c->beta2, c->beta3, c->momentum, c->dampening};
-    for (int i = 0; i < 5; i++)
-        if (!(in01[i] >= 0.0f && in01[i] <= 1.0f))
-            return bnb8_fail(BNB8_ERR_ARG, "%s: betas, momentum and dampening must be in [0, 1]", fn);
-    if (!bnb8_isfinite(c->lr) || !(c->eps >= 0.0f) || !bnb8_isfinite(c->weight_decay) ||
-        !bnb8_isfinite(c->alpha) || !(c->max_unorm >= 0.0f))
-        return bnb8_fail(BNB8_ERR_ARG, "%s: lr, eps, weight_decay, alpha or max_unorm out of range", fn);
+    for (int i = 0; i < 5; i++) {
+        int below_one = i < 2 && bnb8_bias_corrected(kind);   // 1 - beta^t would be 0
+        if (!(in01[i] >= 0.0f && (in01[i] < 1.0f || (in01[i] == 1.0f && !below_one))))
+            return bnb8_fail(BNB8_ERR_ARG, "%s: %s = %g must be in [0, 1%s", fn, names[i], (double)in01[i],
+                             below_one ? ") (the bias correction divides by 1 - beta^t)" : "]");
+    }
+    if (!bnb8_isfinite(c->lr) || !(c->lr >= 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: lr = %g must be finite and >= 0", fn, (double)c->lr);
+    if (!bnb8_isfinite(c->eps) || !(c->eps > 0.0f || (c->eps == 0.0f && !bnb8_divides_by_eps(kind))))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: eps = %g must be finite and %s", fn, (double)c->eps,
+                         bnb8_divides_by_eps(kind) ? "> 0 (the update divides by sqrt(v) + eps, and v may be 0)" : ">= 0");
+    if (!bnb8_isfinite(c->alpha) || (kind == BNB8_RMSPROP && !(c->alpha >= 0.0f && c->alpha <= 1.0f)))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: alpha = %g must be finite%s", fn, (double)c->alpha,
+                         kind == BNB8_RMSPROP ? " and in [0, 1] (RMSprop's smoothing)" : "");
+    if (!bnb8_isfinite(c->max_unorm) || !(c->max_unorm >= 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: max_unorm = %g must be finite and >= 0", fn, (double)c->max_unorm);
+    int status = bnb8_check_decay(fn, "", (double)c->lr, c->weight_decay);
+    if (status) return status;
     if (c->percentile_clipping < 1 || c->percentile_clipping > 100)
         return bnb8_fail(BNB8_ERR_ARG, "%s: percentile_clipping %d not in 1..100", fn, c->percentile_clipping);
     if (c->format != BNB8_STATE_32BIT && c->format != BNB8_STATE_8BIT && c->format != BNB8_STATE_FLASH)
@@ -540,6 +582,7 @@ static bnb8_override *bnb8_find_override(bnb8_optimizer *opt, const char *name) 
 
 int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
     if (!opt || !name || !cfg) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_override: NULL argument");
+    if (!name[0]) return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: an empty name");
     int status = bnb8_check_config("bnb8_optimizer_override", opt->kind, cfg);
     if (status) return status;
     for (int i = 0; i < opt->num_tensors; i++)
@@ -602,6 +645,7 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
                        void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
     const char *fn = "bnb8_optimizer_add";
     if (!opt || !name || !param) return bnb8_fail(BNB8_ERR_NULL, "%s: opt, name or param is NULL", fn);
+    if (!name[0]) return bnb8_fail(BNB8_ERR_ARG, "%s: an empty name (names tell tensors apart in state files)", fn);
     if (n <= 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s' has n = %lld", fn, name, (long long)n);
     if (strlen(name) > BNB8_MAX_NAME)   // the state file's limit: a longer name would save but not load
         return bnb8_fail(BNB8_ERR_ARG, "%s: a name of %zu bytes (at most %d)", fn, strlen(name), BNB8_MAX_NAME);
@@ -767,14 +811,19 @@ int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
     return status;
 }
 
+// Tensor t's learning rate when the step's is lr: lr * c->lr / base->lr in double, exactly lr when
+// the tensor has the base lr (the product of two floats is exact in double): a tensor without its
+// own lr keeps the scheduled lr bit for bit.
+static double bnb8_tensor_lr(const bnb8_config *base, const bnb8_tensor *t, float lr) {
+    return base->lr == 0.0f ? lr : (double)lr * t->cfg.lr / base->lr;
+}
+
 // The per-element constants of one step of tensor t (its step count already advanced), computed
 // in double: bias corrections, AdEMAMix's schedules, and the lr that follows the base schedule.
 static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *base, const bnb8_tensor *t,
                                          float lr, float gnorm_scale) {
     const bnb8_config *c = &t->cfg;
-    // lr * c->lr / base->lr in double is exactly lr when the tensor has the base lr (the product
-    // of two floats is exact in double): a tensor without its own lr keeps the scheduled lr bit for bit.
-    double lr_t = base->lr == 0.0f ? lr : (double)lr * c->lr / base->lr;
+    double lr_t = bnb8_tensor_lr(base, t, lr);
     double step = (double)t->step, bc1 = 1.0 - pow(c->beta1, step), bc2 = 1.0 - pow(c->beta2, step);
     bnb8_step_args a = {0};
     a.kind = kind;
@@ -809,6 +858,18 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
         }
     }
     return a;
+}
+
+// One element's update on the CPU: p and s[] become the new weight and states and 1 is returned,
+// or they stay and 0 is returned when the gradient g or a result is not finite (counted by the caller).
+static int bnb8_step_element(const bnb8_step_args *a, bnb8_dtype dtype, int nstates, float trust, float g,
+                             float *p, float s[3]) {
+    if (!bnb8_isfinite(g)) return 0;
+    float sn[3] = {s[0], s[1], s[2]}, pn = bnb8_apply(a, *p, bnb8_direction(a, *p, g, sn), trust);
+    if (!bnb8_results_finite(pn, dtype, sn, nstates)) return 0;
+    *p = pn;
+    for (int k = 0; k < 3; k++) s[k] = sn[k];
+    return 1;
 }
 
 // The states of element i, read from either format.
@@ -853,16 +914,13 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
             for (int k = 0; k < t->nstates; k++) old[k] = bnb8_scale_load(t->scale[k], t->scale_dtype, grp);
             for (int64_t i = start; i < end; i++) {
                 float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
-                float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+                float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
                 for (int k = 0; k < t->nstates; k++)
                     s[k] = bnb8_expand_value(((const uint8_t *)t->state[k])[i], old[k], is_signed[k]);
-                if (bnb8_isfinite(g)) {
-                    float u = bnb8_direction(a, p, g, s);
-                    bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i,
-                                      bnb8_apply(a, p, u, 1.0f));
-                } else {
+                if (bnb8_step_element(a, t->param_dtype, t->nstates, 1.0f, g, &p, s))
+                    bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
+                else
                     bad++;           // the element keeps its weight, correction and states
-                }
                 for (int k = 0; k < t->nstates; k++) fresh[k][i - start] = s[k];
             }
             for (int k = 0; k < t->nstates; k++)
@@ -884,15 +942,10 @@ static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust
     int64_t skipped = 0;
     for (int64_t i = start; i < end; i++) {
         float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
-        float g = bnb8_load(t->grad, t->grad_dtype, i), s[3];
+        float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
         bnb8_load_states(t, i, s);
-        if (bnb8_isfinite(g)) {
-            float u = bnb8_direction(a, p, g, s);
-            if (store) bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i,
-                                         bnb8_apply(a, p, u, trust));
-        } else {
-            skipped++;
-        }
+        if (!bnb8_step_element(a, t->param_dtype, t->nstates, trust, g, &p, s)) skipped++;
+        else if (store) bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
         for (int k = 0; k < t->nstates; k++) {
             if (t->format == BNB8_STATE_32BIT) { if (store) ((float *)t->state[k])[i] = s[k]; continue; }
             if (store) fresh[k][i - start] = s[k];
@@ -1018,15 +1071,23 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
     const char *fn = "bnb8_optimizer_step";
     if (!opt || (count > 0 && !ids)) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or ids is NULL", fn);
     if (count < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: count %d < 0", fn, count);
-    if (!bnb8_isfinite(lr) || !bnb8_isfinite(gnorm_scale))
-        return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g, gnorm_scale %g", fn, (double)lr, (double)gnorm_scale);
-    int gpu_tensors = 0;
-    for (int i = 0; i < count; i++) {
-        if (ids[i] < 0 || ids[i] >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, ids[i]);
+    if (!bnb8_isfinite(lr) || !(lr >= 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g must be finite and >= 0", fn, (double)lr);
+    if (!bnb8_isfinite(gnorm_scale) || !(gnorm_scale > 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: gnorm_scale %g must be finite and > 0", fn, (double)gnorm_scale);
+    int gpu_tensors = 0, status = BNB8_OK;
+    uint8_t *seen = (uint8_t *)calloc((size_t)opt->num_tensors + 1, 1);   // a tensor stepped twice in one call
+    if (!seen) return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
+    for (int i = 0; i < count && !status; i++) {
+        if (ids[i] < 0 || ids[i] >= opt->num_tensors) { status = bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, ids[i]); break; }
         const bnb8_tensor *t = &opt->tensors[ids[i]];
-        if (!t->grad) return bnb8_fail(BNB8_ERR_NULL, "%s: '%s' has no gradient", fn, t->name);
+        if (seen[ids[i]]++) status = bnb8_fail(BNB8_ERR_ARG, "%s: tensor %d ('%s') twice in ids", fn, ids[i], t->name);
+        else if (!t->grad) status = bnb8_fail(BNB8_ERR_NULL, "%s: '%s' has no gradient", fn, t->name);
+        else status = bnb8_check_decay(fn, t->name, bnb8_tensor_lr(&opt->cfg, t, lr), t->cfg.weight_decay);
         gpu_tensors += t->on_gpu;
     }
+    free(seen);
+    if (status) return status;
     for (int i = 0; i < count; i++)
         if (!opt->tensors[ids[i]].on_gpu) bnb8_step_tensor_cpu(opt, &opt->tensors[ids[i]], lr, gnorm_scale);
     return gpu_tensors ? bnb8_step_gpu(opt, ids, count, lr, gnorm_scale, stream) : BNB8_OK;
@@ -1199,12 +1260,28 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     return status;
 }
 
+// path opened for reading if it is a regular file; a directory, FIFO or device is refused (opened
+// non-blocking to find out: fopen would wait on a FIFO for a writer). NULL with the message set.
+static FILE *bnb8_open_regular(const char *fn, const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path); return NULL; }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        bnb8_fail(BNB8_ERR_IO, "%s: %s is not a regular file (a directory, FIFO or device)", fn, path);
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path); close(fd); }
+    return f;
+}
+
 int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     const char *fn = "bnb8_optimizer_load";
     if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
     if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
-    FILE *f = fopen(path, "rb");
-    if (!f) return bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path);
+    FILE *f = bnb8_open_regular(fn, path);
+    if (!f) return BNB8_ERR_IO;
     ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));

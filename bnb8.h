@@ -78,10 +78,11 @@ const char *bnb8_last_error(void);
 size_t bnb8_dtype_size(bnb8_dtype dtype);
 
 // ==== [api.maps] maps: 256 floats ascending in [-1, 1], the index is the byte (DESIGN.md §3) =====
-// bitsandbytes' dynamic (tree) map, bit for bit: signed, or unsigned over [0, 1].
-void bnb8_map_dynamic(float code[256], int is_signed);
+// bitsandbytes' dynamic (tree) map, bit for bit: signed, or unsigned over [0, 1]. BNB8_ERR_NULL
+// for a NULL code.
+int bnb8_map_dynamic(float code[256], int is_signed);
 // Linear map: signed, 255 values over [-1, 1] and a second 0 (bitsandbytes'); unsigned, 256 over [0, 1].
-void bnb8_map_linear(float code[256], int is_signed);
+int bnb8_map_linear(float code[256], int is_signed);
 // The 255 quantiles of a sample (non-finite values left out) and 0, divided by the largest magnitude.
 int bnb8_map_quantile(const float *x, int64_t n, float code[256]);
 
@@ -162,7 +163,11 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 // One step of the count tensors in ids only; each tensor keeps its own step count.
 int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
                                 float gnorm_scale, struct CUstream_st *stream);
-// Non-finite gradient elements met (and left unchanged) since the last call; resets the count.
+// Elements left unchanged since the last call, because their gradient was not finite or because
+// their step's result was not (a finite gradient whose new weight, in the weights' dtype, or new
+// state would be NaN or Inf: an overflow); resets the count. Either way the element keeps its
+// weight, correction and states, so nothing non-finite spreads; a count above 0 is the caller's
+// signal to skip or stop.
 int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
 // The number of tensors; the step count of tensor id (-1 when there is none).
 int bnb8_optimizer_count(const bnb8_optimizer *opt);
@@ -581,6 +586,16 @@ BNB8_HD float bnb8_apply(const bnb8_step_args *a, float p, float u, float trust)
     return p * a->decay - (a->step_size * trust) * u;
 }
 
+// Whether an element's step results can be kept: the new weight p finite in the weights' dtype
+// (bf16 rounds |p| >= 0x1.ffp127 up to inf, fp16 |p| >= 65520) and its nstates new states finite.
+// An element whose results are not keeps its weight and states and is counted, as one with a
+// non-finite gradient (DESIGN.md §5.2): a finite gradient never spreads NaN or Inf.
+BNB8_HD int bnb8_results_finite(float p, bnb8_dtype dtype, const float s[3], int nstates) {
+    int ok = fabsf(p) < (dtype == BNB8_BF16 ? 0x1.ffp127f : dtype == BNB8_F16 ? 65520.0f : bnb8_bits_f32(0x7f800000u));
+    for (int k = 0; k < nstates; k++) ok &= bnb8_isfinite(s[k]);
+    return ok;
+}
+
 // LAMB / LARS: the factor that shrinks an update of squared norm u2 to at most max_unorm |p|.
 BNB8_HD float bnb8_trust_ratio(float max_unorm, float p2, float u2) {
     if (max_unorm <= 0.0f || !(u2 > 0.0f)) return 1.0f;
@@ -608,7 +623,8 @@ BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnor
 // A flash step of one group of 32 elements, on either back end:
 //   per element  p = bnb8_master_load(...); g = bnb8_load(grad, ...);
 //                s[k] = bnb8_expand_value(code_k, bnb8_scale_load(scales_k, scale_dtype, group), signed_k);
-//                if bnb8_isfinite(g): bnb8_master_store(..., bnb8_apply(a, p, bnb8_direction(a, p, g, s), 1))
+//                pn = bnb8_apply(a, p, bnb8_direction(a, p, g, s'), 1) on a copy s' of the states;
+//                if bnb8_isfinite(g) and bnb8_results_finite(pn, dtype, s', nstates): bnb8_master_store(..., pn), s = s'
 //                (else count it: weight, correction and s[k] stay as they were)
 //   per group    amax_k = fmaxf over the group of bnb8_compand_magnitude(s[k], signed_k), from 0.0f;
 //                scale_k = bnb8_scale_round(amax_k, scale_dtype); bnb8_scale_store(scales_k, scale_dtype, group, scale_k)

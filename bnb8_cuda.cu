@@ -733,7 +733,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
                 for (int j = 0; j < 4; j++) s[r][k][j] = map[(c[k][r] >> (8 * j)) & 255u] * scale[k][r];
         }
     }
-    // The update, without branches: a non-finite gradient's element keeps p and its states.
+    // The update, without branches: an element whose gradient or result is not finite keeps p and its states.
     const float trust = sm.trust;
     #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -741,12 +741,11 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
         uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            bool inside = FULL || i + j < n, finite = bnb8_isfinite(g[r][j]);
-            bad += PASS != BNB8_PASS_MAX && inside && !finite;   // counted once, by the pass that stores
             float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
             float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
-            bool take = inside && finite;
+            bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
+            bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
             if (MASTER && cb) bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
             else p[r][j] = take ? pn : p[r][j];
             #pragma unroll
@@ -896,7 +895,8 @@ __device__ __forceinline__ void bnb8_masters_store4(const bnb8_gpu_tensor &t, bn
 // correction or an fp32 master, in the order bnb8.h gives for both back ends: the masters and the expanded states,
 // the update in float32, the new weights and corrections; then per flash state and group of 32
 // (8 lanes: a lane holds 4 consecutive elements of a row) the new absmax, its stored scale and the
-// codes against it. A non-finite gradient's element keeps its weight bits, correction and states.
+// codes against it. An element whose gradient or result is not finite keeps its weight bits,
+// correction and states.
 // DEF: the default configuration (flash states, bf16 weights with int8 corrections, bf16 gradients,
 // e6m10 scales), with its dtypes known at compile time: no run-time choice between conversions.
 template <int R, int KIND, bool FULL, bool DEF>
@@ -967,13 +967,13 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
         uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            bool inside = FULL || i + j < n, finite = bnb8_isfinite(g[r][j]), take = inside && finite;
-            bad += inside && !finite;
             float sk[3] = {0.0f, 0.0f, 0.0f};
             #pragma unroll
             for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
             float u = bnb8_direction(&args, p[r][j], g[r][j], sk);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
+            bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sk, nstates);
+            bad += inside && !take;
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sk[k] : s[r][k][j];
             if (pdt == BNB8_F32 || cb == 4) p[r][j] = take ? pn : p[r][j];
@@ -1146,6 +1146,10 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
             #pragma unroll
             for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
             pn[j] = bnb8_apply(&args, p[r][j], bnb8_direction_root(&args, p[r][j], g[r][j], sk, &root), trust);
+            // a non-finite state goes to the exact path, which counts it (a non-finite weight's
+            // bits fail bnb8_ecc8_code_fast's range)
+            #pragma unroll
+            for (int k = 0; k < S; k++) ok &= k >= nstates || bnb8_isfinite(sk[k]);
             // The unsigned state (the Adam family's second moment) is kept as its square root,
             // which its group's scale and its code need and the direction computed already.
             #pragma unroll

@@ -28,6 +28,28 @@ typedef struct {
     int stable_embedding;     // 1: StableEmbedding's LayerNorm after the token embedding
 } GPT2Config;
 
+// Shape limits (README, "Limits"): with them every parameter size product stays below 2^47. A
+// batch (B, T) whose activations would take more than GPT2_MAX_ACT_BYTES is refused before anything
+// is allocated (gpt2_act_sizes, gpt2_cuda_create): the models' int64 size products then cannot overflow.
+#define GPT2_MAX_SEQ_LEN (1 << 20)
+#define GPT2_MAX_VOCAB (1 << 24)
+#define GPT2_MAX_LAYERS 4096
+#define GPT2_MAX_CHANNELS (1 << 16)
+#define GPT2_MAX_ACT_BYTES (INT64_C(1) << 52)
+
+// What is wrong with shape c, as the limit it breaks; NULL when nothing is.
+static inline const char *gpt2_shape_problem(const GPT2Config *c) {
+    if (c->max_seq_len < 1 || c->max_seq_len > GPT2_MAX_SEQ_LEN) return "maxT must be in 1..1048576 (2^20)";
+    if (c->vocab_size < 1 || c->vocab_size > GPT2_MAX_VOCAB) return "V must be in 1..16777216 (2^24)";
+    if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > GPT2_MAX_VOCAB)
+        return "Vp must be in V..16777216 (2^24)";
+    if (c->num_layers < 1 || c->num_layers > GPT2_MAX_LAYERS) return "L must be in 1..4096";
+    if (c->channels < 1 || c->channels > GPT2_MAX_CHANNELS) return "C must be in 1..65536 (2^16)";
+    if (c->num_heads < 1 || c->channels % c->num_heads != 0) return "NH must be at least 1 and divide C";
+    if (c->stable_embedding != 0 && c->stable_embedding != 1) return "the StableEmbedding flag must be 0 or 1";
+    return 0;
+}
+
 // The parameter tensors, in llm.c's file order, then StableEmbedding's pair (0 elements when off).
 // Both models keep them in this order in one allocation. The per-layer tensors (GPT2_LN1W ..
 // GPT2_FCPROJB) hold L slices of size / L elements, layer after layer.

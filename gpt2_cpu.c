@@ -17,13 +17,10 @@ the trainer's bit-exact resume rests on it (DESIGN.md §9).
 // Configuration
 
 int gpt2_config_check(const GPT2Config *c, const char *where) {
-    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20) || c->vocab_size < 1 || c->vocab_size > (1 << 24) ||
-        c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 24) || c->num_layers < 1 ||
-        c->num_layers > 4096 || c->channels < 1 || c->channels > (1 << 16) || c->num_heads < 1 ||
-        c->channels % c->num_heads != 0 || (c->stable_embedding != 0 && c->stable_embedding != 1))
-        return train_fail("%s: bad model shape maxT=%d V=%d Vp=%d L=%d NH=%d C=%d (need C a multiple of NH, Vp >= V)",
-                          where, c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers,
-                          c->num_heads, c->channels);
+    const char *why = gpt2_shape_problem(c);
+    if (why)
+        return train_fail("%s: bad model shape maxT=%d V=%d Vp=%d L=%d NH=%d C=%d: %s", where, c->max_seq_len,
+                          c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads, c->channels, why);
     return 0;
 }
 
@@ -86,16 +83,24 @@ static const char *act_names[NUM_ACT_TENSORS] = {
     "logits", "losses", "dres (grad)", "dbuf (grad)", "dbuf4 (grad)", "dqkv+datt (grad)"};
 const char *gpt2_act_name(int i) { return i >= 0 && i < NUM_ACT_TENSORS ? act_names[i] : "?"; }
 
-static void act_sizes_of(const GPT2Config *c, int64_t B, int64_t T, int64_t s[NUM_ACT_TENSORS]) {
-    int64_t C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size, BT = B * T;
-    int64_t st = c->stable_embedding ? 1 : 0;
-    int64_t sizes[NUM_ACT_TENSORS] = {
+// Each size is computed in double, where nothing overflows, and exact: with the total at most
+// GPT2_MAX_ACT_BYTES / 4 < 2^53, so is every partial product (each factor is at least 1, or the size 0).
+int gpt2_act_sizes(const GPT2Config *c, int64_t B, int64_t T, int64_t s[NUM_ACT_TENSORS]) {
+    double C = c->channels, L = c->num_layers, NH = c->num_heads, Vp = c->padded_vocab_size, BT = (double)B * (double)T;
+    double st = c->stable_embedding ? 1 : 0, b = (double)B, t = (double)T, total = 0.0;
+    double sizes[NUM_ACT_TENSORS] = {
         BT * C, st * BT * C, st * BT * C, st * BT, st * BT,
-        L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * B * NH * T * T,
+        L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * b * NH * t * t,
         L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C, L * BT * C,
         BT * C, BT, BT, BT * Vp, BT,
-        BT * C, BT * C, BT * 4 * C, BT * 3 * C + B * NH * T};
-    memcpy(s, sizes, sizeof sizes);
+        BT * C, BT * C, BT * 4 * C, BT * 3 * C + b * NH * t};
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) total += sizes[i];
+    if (B < 1 || T < 1 || 4.0 * total > (double)GPT2_MAX_ACT_BYTES)
+        return train_fail("activations for B=%lld, T=%lld of L=%d C=%d NH=%d Vp=%d: %.3g bytes, more than the limit "
+                          "of 2^52 bytes (GPT2_MAX_ACT_BYTES): lower -b or -t", (long long)B, (long long)T, c->num_layers,
+                          c->channels, c->num_heads, c->padded_vocab_size, 4.0 * total);
+    for (int i = 0; i < NUM_ACT_TENSORS; i++) s[i] = (int64_t)sizes[i];
+    return 0;
 }
 
 static float **act_slot(ActivationTensors *a, int i) {
@@ -525,7 +530,7 @@ int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed) {
 int gpt2_alloc_acts(GPT2 *m, int64_t B, int64_t T) {
     free(m->acts_memory); free(m->inputs); free(m->targets);
     m->acts_memory = NULL; m->inputs = m->targets = NULL;
-    act_sizes_of(&m->config, B, T, m->act_sizes);
+    if (gpt2_act_sizes(&m->config, B, T, m->act_sizes)) return -1;
     m->num_activations = 0;
     for (int i = 0; i < NUM_ACT_TENSORS; i++) m->num_activations += m->act_sizes[i];
     m->acts_memory = (float *)malloc(sizeof(float) * (size_t)m->num_activations);
@@ -693,8 +698,8 @@ int gpt2_params_nonfinite(const GPT2Config *c, const float *p, char *buf, size_t
 // the 16 tensors (llm.c leaves header[8] at 0 and ignores what follows the tensors it reads).
 int gpt2_load(GPT2 *m, const char *path) {
     memset(m, 0, sizeof *m);
-    FILE *f = fopen(path, "rb");
-    if (!f) return train_fail("cannot open model file %s: %s", path, strerror(errno));
+    FILE *f = open_input(path, "model");
+    if (!f) return -1;
     int32_t h[HEADER_INTS];
     int64_t size;
     int status = read_header(f, path, "model", h, &size);

@@ -78,7 +78,7 @@ typedef struct {
     float *dbuf4;      // (B, T, 4C)
     float *dqkv;       // (B, T, 3C)
 } ActivationTensors;
-// datt rows for attention's backward live at the end of dqkv's region (see act_sizes_of).
+// datt rows for attention's backward live at the end of dqkv's region (see gpt2_act_sizes).
 const char *gpt2_act_name(int i);   // the report's name of activation tensor i
 
 typedef struct {
@@ -121,6 +121,9 @@ int gpt2_save_params(const GPT2Config *c, const float *params, const char *path,
 // The first non-finite weight of params (layout of c) as "tensor 'name' element i is nan" in buf;
 // 0 when every weight is finite.
 int gpt2_params_nonfinite(const GPT2Config *c, const float *params, char *buf, size_t size);
+// The elements of each activation tensor for batches (B, T), or -1 with a message when B or T is
+// below 1 or they would take more than GPT2_MAX_ACT_BYTES (checked before anything is allocated).
+int gpt2_act_sizes(const GPT2Config *c, int64_t B, int64_t T, int64_t s[NUM_ACT_TENSORS]);
 // Activations for batches up to (B, T) (T <= maxT), replacing earlier ones.
 int gpt2_alloc_acts(GPT2 *m, int64_t B, int64_t T);
 void gpt2_free(GPT2 *m);

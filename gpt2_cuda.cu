@@ -1086,10 +1086,12 @@ extern "C" int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accum
 // ------------------------------------------------------------------------------------------------
 // Creation, parameters, losses, memory
 
-static int config_ok(const GPT2CudaConfig *c) {
-    return c->max_seq_len >= 1 && c->vocab_size >= 1 && c->padded_vocab_size >= c->vocab_size && c->num_layers >= 1 &&
-           c->num_heads >= 1 && c->channels >= 1 && c->channels % c->num_heads == 0 &&
-           (c->stable_embedding == 0 || c->stable_embedding == 1) && (c->recompute == 0 || c->recompute == 1);
+// What is wrong with a configuration (gpt2.h's shape limits), NULL when nothing is.
+static const char *config_problem(const GPT2CudaConfig *c) {
+    GPT2Config shape = {c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads, c->channels,
+                        c->stable_embedding};
+    const char *why = gpt2_shape_problem(&shape);
+    return why ? why : c->recompute != 0 && c->recompute != 1 ? "recompute must be 0 or 1" : NULL;
 }
 
 static int create_inner(GPT2Cuda *m, int B, int T) {
@@ -1103,33 +1105,38 @@ static int create_inner(GPT2Cuda *m, int B, int T) {
     m->num_parameters = 0;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) m->num_parameters += sizes[i];
     m->elem = m->precision == GPT2_CUDA_BF16 ? 2 : 4;
-    CU(cudaMalloc(&m->params_memory, m->elem * (size_t)m->num_parameters));
-    CU(cudaMemset(m->params_memory, 0, m->elem * (size_t)m->num_parameters));
-    char *pp = (char *)m->params_memory;
-    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { m->params[i] = sizes[i] ? pp : NULL; pp += m->elem * (size_t)sizes[i]; }
-
     m->Bmax = B; m->Tmax = T;
-    int64_t BT = (int64_t)B * T, X = (int64_t)m->elem, F = 4;
-    int64_t nchunks = cdiv(BT, COLSUM_ROWS);
-    m->partial_floats = nchunks * 2 * 4 * C;
-    if (m->partial_floats < GPT2_NUM_PARAMS * NORM_BLOCKS) m->partial_floats = GPT2_NUM_PARAMS * NORM_BLOCKS;
+    // The sizes in double, where nothing overflows, checked against gpt2.h's limit before any is used
+    // as an integer: below it every partial product is an exact integer in double.
+    double BT = (double)B * T, X = (double)m->elem, F = 4, b = B, t = T, nchunks = (double)cdiv((int64_t)B * T, COLSUM_ROWS);
+    double partial = nchunks * 2 * 4 * C > GPT2_NUM_PARAMS * NORM_BLOCKS ? nchunks * 2 * 4 * C : GPT2_NUM_PARAMS * NORM_BLOCKS;
     // one layer's activations, A_LN1 .. A_FCH_GELU: L of them, or one with recompute (the other block empty)
-    int64_t layer[NUM_LAYER_ACTS] = {X * BT * C, F * BT, F * BT, X * BT * 3 * C, X * BT * C, X * B * NH * T * T,
-                                     X * BT * C, X * BT * C, F * BT, F * BT, X * BT * 4 * C, X * BT * 4 * C};
-    int64_t bytes[NUM_ACTS] = {X * BT * C, X * st * BT * C, F * st * BT, F * st * BT};
+    double layer[NUM_LAYER_ACTS] = {X * BT * C, F * BT, F * BT, X * BT * 3 * C, X * BT * C, X * b * NH * t * t,
+                                    X * BT * C, X * BT * C, F * BT, F * BT, X * BT * 4 * C, X * BT * 4 * C};
+    double bytes[NUM_ACTS] = {X * BT * C, X * st * BT * C, F * st * BT, F * st * BT};
     for (int i = 0; i < NUM_LAYER_ACTS; i++) {
         bytes[A_LN1 + i] = c->recompute ? 0 : L * layer[i];
         bytes[A_ONE_LAYER + i] = c->recompute ? layer[i] : 0;
     }
-    int64_t rest[NUM_ACTS - A_RES3] = {
+    double rest[NUM_ACTS - A_RES3] = {
         X * L * BT * C, X * BT * C, F * BT, F * BT, X * BT * Vp, F * BT,
         X * BT * C, X * BT * C, X * BT * 4 * C, X * BT * 3 * C, X * 3 * BT * C, X * 3 * BT * C, X * BT * C,
-        X * B * NH * T * T, F * m->partial_floats, 4 * tok_ints(m), (int64_t)WORKSPACE_BYTES};
+        X * b * NH * t * t, F * partial, 4 * (5 * BT + 1), (double)WORKSPACE_BYTES};
     memcpy(bytes + A_RES3, rest, sizeof rest);
+    double total = 0.0;
+    for (int i = 0; i < NUM_ACTS; i++) total += bytes[i] + 256;
+    if (total > (double)GPT2_MAX_ACT_BYTES)
+        return fail("gpt2_cuda_create: activations for B=%d, T=%d: %.3g bytes, more than the limit of 2^52 bytes "
+                    "(GPT2_MAX_ACT_BYTES)", B, T, total);
+    m->partial_floats = (int64_t)partial;
+    CU(cudaMalloc(&m->params_memory, m->elem * (size_t)m->num_parameters));
+    CU(cudaMemset(m->params_memory, 0, m->elem * (size_t)m->num_parameters));
+    char *pp = (char *)m->params_memory;
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { m->params[i] = sizes[i] ? pp : NULL; pp += m->elem * (size_t)sizes[i]; }
     m->acts_total = 0;
     for (int i = 0; i < NUM_ACTS; i++) {
         m->act_bytes[i] = (size_t)bytes[i];
-        m->acts_total += (size_t)cdiv(bytes[i], 256) * 256;     // every tensor 256-byte aligned
+        m->acts_total += (size_t)cdiv((int64_t)bytes[i], 256) * 256;     // every tensor 256-byte aligned
     }
     CU(cudaMalloc(&m->acts_memory, m->acts_total));
     // poison: a read of anything not written shows as NaN (0xffff.. is NaN in fp32 and bf16)
@@ -1149,10 +1156,10 @@ static int create_inner(GPT2Cuda *m, int B, int T) {
 extern "C" int gpt2_cuda_create(GPT2Cuda **out, const GPT2CudaConfig *c, int precision, int B, int T) {
     if (!out || !c) return fail("gpt2_cuda_create: NULL argument");
     *out = NULL;
-    if (!config_ok(c))
-        return fail("gpt2_cuda_create: bad model shape maxT=%d V=%d Vp=%d L=%d NH=%d C=%d (stable_embedding %d, recompute %d)",
+    if (config_problem(c))
+        return fail("gpt2_cuda_create: bad model shape maxT=%d V=%d Vp=%d L=%d NH=%d C=%d (stable_embedding %d, recompute %d): %s",
                     c->max_seq_len, c->vocab_size, c->padded_vocab_size, c->num_layers, c->num_heads, c->channels,
-                    c->stable_embedding, c->recompute);
+                    c->stable_embedding, c->recompute, config_problem(c));
     if (precision != GPT2_CUDA_FP32 && precision != GPT2_CUDA_BF16) return fail("gpt2_cuda_create: precision %d", precision);
     if (B < 1 || T < 1 || T > c->max_seq_len) return fail("gpt2_cuda_create: B=%d, T=%d (need T <= maxT = %d)", B, T, c->max_seq_len);
     GPT2Cuda *m = (GPT2Cuda *)calloc(1, sizeof(GPT2Cuda));

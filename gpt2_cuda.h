@@ -63,6 +63,8 @@ int gpt2_cuda_device(char *name, size_t name_size, size_t *free_bytes, size_t *t
 
 // Creates a model of config c and precision on the current device, its activations sized for
 // batches up to (B, T) (T <= maxT). Parameters start at 0: load them with gpt2_cuda_set_params.
+// A shape past gpt2.h's limits, or activations above GPT2_MAX_ACT_BYTES, is refused (by name)
+// before any device memory is allocated.
 int gpt2_cuda_create(GPT2Cuda **out, const GPT2CudaConfig *c, int precision, int B, int T);
 void gpt2_cuda_free(GPT2Cuda *m);
 

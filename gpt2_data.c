@@ -9,6 +9,8 @@ model files and checkpoints use; see gpt2_data.h.
 #include <string.h>
 #include <errno.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 char train_error_text[1024];
 
@@ -21,6 +23,22 @@ int train_fail(const char *fmt, ...) {
 }
 
 int host_is_little_endian(void) { uint16_t one = 1; uint8_t b; memcpy(&b, &one, 1); return b == 1; }
+
+FILE *open_input(const char *path, const char *what) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);   // non-blocking: a FIFO would wait for a writer
+    if (fd < 0) { train_fail("cannot open %s file %s: %s", what, path, strerror(errno)); return NULL; }
+    struct stat st;
+    int ok = fstat(fd, &st) == 0;
+    if (!ok || !S_ISREG(st.st_mode)) {
+        train_fail("%s file %s is %s, not a regular file", what, path, !ok ? "unreadable (fstat failed)"
+                   : S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
+        close(fd);
+        return NULL;
+    }
+    FILE *f = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) { train_fail("cannot open %s file %s: %s", what, path, strerror(errno)); close(fd); }
+    return f;
+}
 
 int file_size_of(FILE *f, const char *path, int64_t *size) {
     if (fseeko(f, 0, SEEK_END) != 0) return train_fail("%s: cannot seek", path);
@@ -61,8 +79,8 @@ int write_atomically(const char *path, file_writer writer, const void *ctx) {
 int tokens_load(TokenFile *t, const char *path) {
     memset(t, 0, sizeof *t);
     snprintf(t->path, sizeof t->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return train_fail("cannot open tokens file %s: %s", path, strerror(errno));
+    FILE *f = open_input(path, "tokens");
+    if (!f) return -1;
     int32_t h[HEADER_INTS];
     int64_t size;
     int status = read_header(f, path, "tokens", h, &size);
@@ -98,8 +116,8 @@ void tokenizer_free(Tokenizer *t) { free(t->data); free(t->offset); memset(t, 0,
 
 int tokenizer_load(Tokenizer *t, const char *path) {
     memset(t, 0, sizeof *t);
-    FILE *f = fopen(path, "rb");
-    if (!f) return train_fail("cannot open tokenizer file %s: %s", path, strerror(errno));
+    FILE *f = open_input(path, "tokenizer");
+    if (!f) return -1;
     int32_t h[HEADER_INTS];
     int64_t size, n = 0;
     int status = read_header(f, path, "tokenizer", h, &size);

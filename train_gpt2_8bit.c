@@ -208,7 +208,7 @@ static int optimizer_open(Trainer *t) {
 
 // gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
 // the norm of their mean: the mean, clipped at clip (0 = off).
-static float step_scale(double norm, float clip, int64_t accum) {
+float step_scale(double norm, float clip, int64_t accum) {
     float scale = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
     return scale / (float)accum;
 }
@@ -273,8 +273,8 @@ void usage(FILE *f) {
         "  -q <float>  final learning rate, fraction of -l (default %g)\n"
         "  -c <float>  weight decay on matrices (default per optimizer: adamw %g, lion %g, sgd %g)\n"
         "  -g <float>  clip the global gradient norm at this, 0 = off (default %g)\n"
-        "  -v <int>    evaluate the validation loss every this many steps, 0 = never (default %lld)\n"
-        "  -m <int>    at most this many validation batches (default %lld)\n"
+        "  -v <int>    evaluate the validation loss every this many steps and at the end, 0 = never (default %lld)\n"
+        "  -m <int>    at most this many validation batches, 0 = all of the file's (default %lld)\n"
         "  -s <int>    print a sample every this many steps, 0 = only at the end (default %lld)\n"
         "  -G <int>    tokens per sample, 0 = none      (default %lld)\n"
         "  -k <int>    checkpoint every this many steps (and at the end) into -o (default %lld = end only)\n"
@@ -289,13 +289,14 @@ void usage(FILE *f) {
         "  -h          this text\n"
         "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release by default for\n"
         "flash only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
+        "A training loss that is not finite, or a skipped update, %d steps in a row stops the run (exit 1).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
         (double)optimizers[2].lr, (long long)d.warmup, (double)d.final_lr_frac, (double)optimizers[0].weight_decay,
         (double)optimizers[1].weight_decay, (double)optimizers[2].weight_decay, (double)d.grad_clip,
         (long long)d.eval_every, (long long)d.val_batches, (long long)d.sample_every, (long long)d.gen_tokens,
-        (long long)d.ckpt_every, d.resume, (unsigned long long)d.seed);
+        (long long)d.ckpt_every, d.resume, (unsigned long long)d.seed, TRAIN_MAX_BAD_STEPS);
 }
 
 static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -423,8 +424,8 @@ int state_writer(FILE *f, const void *state) {
 // Version 2 (STATE_WORDS words, the model's shape, a checksum) or version 1 (16 words, the shape in
 // the checkpoint's model file).
 int state_load(TrainerState *s, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return train_fail("cannot open trainer state file %s: %s", path, strerror(errno));
+    FILE *f = open_input(path, "trainer state");
+    if (!f) return -1;
     int64_t w[STATE_WORDS] = {0}, size;
     int status = file_size_of(f, path, &size);
     if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
@@ -444,22 +445,24 @@ int state_load(TrainerState *s, const char *path) {
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
     s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21];
+    // each field against its range, the message naming the first that is out of it
+    const struct { const char *name; int64_t v, lo, hi; } f_[] = {
+        {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
+        {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
+        {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
+        {"optimizer steps", s->opt_steps, 0, s->step}, {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
+    size_t last = sizeof f_ / sizeof f_[0] - 1;
+    for (size_t i = 0; i <= last; i++)
+        if (f_[i].v < f_[i].lo || f_[i].v > f_[i].hi || (i == last && f_[i].v != 0 && f_[i].v != 2 && f_[i].v != 4))
+            return train_fail("%s: inconsistent trainer state: %s is %lld, expected %s%lld..%lld", path, f_[i].name,
+                              (long long)f_[i].v, i == last ? "0, 2 or 4 in " : "", (long long)f_[i].lo, (long long)f_[i].hi);
     int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
     int shape_ok = 1;
     for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
     GPT2Config c = {(int)shape[0], (int)shape[1], (int)shape[2], (int)shape[3], (int)shape[4], (int)shape[5], (int)w[9]};
     s->config = c;
-    if (s->step < 1 || s->position < 0 || s->B < 1 || s->T < 1 || s->recipe < 0 || s->recipe >= num_recipes ||
-        s->optimizer < 0 || s->optimizer >= num_optimizers || (s->release != 0 && s->release != 1) || s->accum < 1 ||
-        (s->weight_bytes != 0 && s->weight_bytes != 2 && s->weight_bytes != 4) ||
-        (s->stable_embedding != 0 && s->stable_embedding != 1) || (s->version == 2 && s->weight_bytes == 0) ||
-        s->opt_steps < 0 || s->opt_steps > s->step)
-        return train_fail("%s: inconsistent trainer state (step %lld, position %lld, B %lld, T %lld)", path,
-                          (long long)s->step, (long long)s->position, (long long)s->B, (long long)s->T);
-    if (s->version == 2 && (!shape_ok || gpt2_config_check(&s->config, path))) {
-        if (!shape_ok) train_fail("%s: inconsistent trainer state (model shape out of range)", path);
-        return -1;
-    }
+    if (s->version == 2 && !shape_ok) return train_fail("%s: inconsistent trainer state (model shape out of range)", path);
+    if (s->version == 2 && gpt2_config_check(&s->config, path)) return -1;
     return 0;
 }
 
@@ -548,6 +551,22 @@ static int open_dir(Trainer *t, const char *dir) {
     if (flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
         return train_fail("%s is in use by another run (it holds %s): give each run its own -o", dir, path);
     return 0;
+}
+
+// Removes the temporaries a run killed while writing left in dir (regular files whose names hold
+// ".tmp": a kill or SIGXFSZ between create and rename), saying so. Called at start, once the run
+// owns dir. (P12's checkpoint layout: call it after the directory lock, with its temporary names.)
+static void remove_stale_temporaries(const char *dir, int verbose) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    struct stat st;
+    char path[4096];
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".tmp") && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
+            lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0 && verbose)
+            printf("note: removed %s, a temporary file an interrupted run left\n", path);
+    closedir(d);
 }
 
 static void print_bytes(double b) {
@@ -885,6 +904,10 @@ static int check_settings(Trainer *t) {
     t->oc = &optimizers[oi];
     t->lr = a->lr > 0.0f ? a->lr : t->oc->lr;
     t->wd = a->weight_decay >= 0.0f ? a->weight_decay : t->oc->weight_decay;
+    if ((double)t->lr * t->wd >= 1.0)   // the library refuses it too (bnb8_optimizer_create); here with the flags
+        return train_fail("-l %g x -c %g = %g: the learning rate times the weight decay must be below 1 (the decay "
+                          "factor 1 - lr x decay would zero or flip the weights)", (double)t->lr, (double)t->wd,
+                          (double)t->lr * t->wd);
     t->dev = &devices[a->device == 2 || (a->device == 0 && gpu_available()) ? DEVICE_GPU : DEVICE_CPU];
     int on_gpu = t->dev == &devices[DEVICE_GPU];
     t->lay = run_layout(t->recipe, on_gpu, a->parity);
@@ -893,7 +916,7 @@ static int check_settings(Trainer *t) {
     if (a->recompute && !on_gpu)
         return train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
     if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
-        const char *why = !on_gpu ? "runs on the GPU only (-D 2)"
+        const char *why = !on_gpu ? "runs on the GPU only (-D gpu)"
                         : a->grad_clip > 0.0f ? "steps each layer inside backward, before a global gradient norm "
                                                 "exists: turn clipping off (-g 0)"
                         : a->accum > 1 ? "steps each layer inside backward, so gradients cannot accumulate over "
@@ -951,9 +974,19 @@ static int resume_state(Trainer *t) {
     return 0;
 }
 
+// The batch against a model's shape, before the weights or any buffer of the batch are allocated:
+// T <= maxT, and activations within GPT2_MAX_ACT_BYTES (no size product can overflow then).
+static int check_batch(const TrainArgs *a, const GPT2Config *c) {
+    int64_t sizes[NUM_ACT_TENSORS];
+    if (a->T > c->max_seq_len)
+        return train_fail("sequence length T=%lld exceeds the model's maxT=%d", (long long)a->T, c->max_seq_len);
+    return gpt2_act_sizes(c, a->B, a->T, sizes);
+}
+
 static int open_model(Trainer *t) {
     const TrainArgs *a = &t->a;
     if (a->out_dir[0] && open_dir(t, a->out_dir)) return -1;
+    if (a->out_dir[0]) remove_stale_temporaries(a->out_dir, a->verbose);
     if (a->resume) {
         t->start = checkpoint_before(a->out_dir, t->resume_limit);
         if (t->start == 0 && a->verbose) printf("note: no complete checkpoint in %s: starting from step 0\n", a->out_dir);
@@ -974,10 +1007,9 @@ static int open_model(Trainer *t) {
         GPT2Config c;
         if (gpt2_config_from_descriptor(&c, a->model)) return -1;
         c.stable_embedding = a->stable_embedding != 0;
-        if (gpt2_init_random(&t->model, &c, a->seed)) return -1;
+        if (check_batch(a, &c) || gpt2_init_random(&t->model, &c, a->seed)) return -1;
     }
-    if (a->T > t->model.config.max_seq_len)
-        return train_fail("sequence length T=%lld exceeds the model's maxT=%d", (long long)a->T, t->model.config.max_seq_len);
+    if (check_batch(a, &t->model.config)) return -1;
     if (t->start >= a->steps && !a->export_path[0])   // -X exports the checkpoint as it is
         return train_fail("%s: the checkpoint is at step %lld, not before the last step %lld (raise -n)", a->out_dir,
                           (long long)t->start, (long long)a->steps);
@@ -1064,6 +1096,9 @@ void trainer_free(Trainer *t) {
 }
 
 // Evaluation and sampling
+
+// " (not finite)" after a loss that is NaN or Inf, so that a report says so in words.
+static const char *not_finite(float loss) { return isfinite(loss) ? "" : " (not finite)"; }
 
 // Mean loss over the first val_batches batches of the file (all of them if fewer); NAN on a device error.
 static float evaluate(Trainer *t) {
@@ -1224,7 +1259,23 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
     if (t->dev->step(t, lr, norm, skipped)) return -1;
     if (*skipped) return 0;
     int64_t bad = bnb8_optimizer_take_nonfinite(t->opt);
-    if (bad && t->a.verbose) printf("step %lld: %lld non-finite gradient elements left unchanged\n", (long long)t->step, (long long)bad);
+    if (bad && t->a.verbose)
+        printf("step %lld: %lld elements with a non-finite gradient or update left unchanged\n", (long long)t->step, (long long)bad);
+    return 0;
+}
+
+// A checkpoint is written only from a state whose weights give a finite loss: this step's loss
+// was finite (else its weights, those the step started from, are the ones kept when it was
+// skipped), and a forward of the step's last batch on the weights after it is finite too (one
+// forward per checkpoint). Else nothing is written (*kept = 0): the newest checkpoint stays the
+// last good one.
+static int checkpoint_worthy(Trainer *t, int64_t s, float loss, int *kept) {
+    float after = loss;
+    if (isfinite(loss) && t->dev->eval(t, t->loader.inputs, t->loader.targets, &after)) return -1;
+    *kept = isfinite(after);
+    if (!*kept && t->a.verbose)
+        printf("step %lld: the weights give a non-finite loss (%g %s the step): no checkpoint written; the newest in %s "
+               "is the last good one\n", (long long)s, (double)after, isfinite(loss) ? "after" : "before", t->a.out_dir);
     return 0;
 }
 
@@ -1270,8 +1321,9 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
     int have_val = a->val_path[0] != 0;
     if (have_val && a->eval_every > 0 && t->start == 0) {
         pr->val_first = pr->val_last = evaluate(t);
-        if (a->verbose) printf("step %5d | val loss %.4f\n", 0, (double)pr->val_first);
+        if (a->verbose) printf("step %5d | val loss %.4f%s\n", 0, (double)pr->val_first, not_finite(pr->val_first));
     }
+    int64_t bad_steps = 0;      // in a row: the loss not finite or the update skipped
     for (int64_t s = t->start + 1; s <= t->end; s++) {
         double t0 = now_seconds(), norm = NAN;
         float step_lr = lr_schedule(a, t->lr, s), loss = 0.0f;
@@ -1294,14 +1346,24 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
                    (long long)a->steps, (double)loss, (double)step_lr, norm, 1e3 * dt, (double)(a->B * a->T * a->accum) / dt);
             fflush(stdout);
         }
+        bad_steps = isfinite(loss) && !skipped ? 0 : bad_steps + 1;
+        if (bad_steps >= TRAIN_MAX_BAD_STEPS)
+            return train_fail("steps %lld..%lld: the training loss was not finite or the update was skipped %d steps in a "
+                              "row (TRAIN_MAX_BAD_STEPS): the run has diverged, or its model or data give NaN; stopped%s%s%s",
+                              (long long)(s - bad_steps + 1), (long long)s, TRAIN_MAX_BAD_STEPS,
+                              a->out_dir[0] ? "; the newest complete checkpoint in " : "", a->out_dir,
+                              a->out_dir[0] ? " is the last good one" : "");
         if (have_val && a->eval_every > 0 && (s % a->eval_every == 0 || s == a->steps)) {
             pr->val_last = evaluate(t);
-            if (a->verbose) printf("step %5lld | val loss %.4f\n", (long long)s, (double)pr->val_last);
+            if (a->verbose) printf("step %5lld | val loss %.4f%s\n", (long long)s, (double)pr->val_last, not_finite(pr->val_last));
         }
         if (a->verbose && a->sample_every > 0 && s % a->sample_every == 0 && s != a->steps) print_sample(t);
-        if (a->out_dir[0] && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after) &&
-            save_checkpoint(t, s, &res->checkpoint_bytes))
-            return -1;
+        int due = a->out_dir[0] && ((a->ckpt_every > 0 && s % a->ckpt_every == 0) || s == a->steps || s == a->stop_after), kept = 1;
+        if (due && checkpoint_worthy(t, s, loss, &kept)) return -1;
+        if (due && kept && save_checkpoint(t, s, &res->checkpoint_bytes)) return -1;
+        if (due && !kept && s == t->end)
+            return train_fail("step %lld, the last of this run: its weights give a non-finite loss; no checkpoint written "
+                              "(the newest complete one in %s is the last good one)", (long long)s, a->out_dir);
     }
     return 0;
 }
@@ -1310,13 +1372,13 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
 
 static int train_results(Trainer *t, TrainResult *res, Progress *pr) {
     const TrainArgs *a = &t->a;
-    if (a->val_path[0] && isnan(pr->val_last) && t->end >= a->steps) pr->val_last = evaluate(t);
+    if (a->val_path[0] && a->eval_every > 0 && isnan(pr->val_last) && t->end >= a->steps) pr->val_last = evaluate(t);
     res->first_step = t->start + 1;
     res->last_step = t->end;
     res->first_loss = pr->first_loss;
     res->last_loss = pr->last_loss;
     res->val_loss = pr->val_last;
-    res->tokens_per_second = pr->train_time > 0.0 ? (double)(pr->trained * a->B * a->T * a->accum) / pr->train_time : 0.0;
+    res->tokens_per_second = pr->train_time > 0.0 ? (double)pr->trained * (double)(a->B * a->T * a->accum) / pr->train_time : 0.0;
     res->memory = bnb8_optimizer_memory(t->opt, !a->release);
     res->on_gpu = t->dev == &devices[DEVICE_GPU];
     t->dev->device_memory(t, &res->gpu_computed, &res->gpu_measured);
@@ -1340,8 +1402,10 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
         printf("loss     train %.4f (step %lld) -> %.4f (step %lld)", (double)pr->first_loss, (long long)(t->start + 1),
                (double)pr->last_loss, (long long)t->end);
     else printf("loss     no steps run (step %lld)", (long long)t->end);
-    if (a->val_path[0] && !isnan(pr->val_first)) printf("; val %.4f -> %.4f", (double)pr->val_first, (double)pr->val_last);
-    else if (a->val_path[0]) printf("; val %.4f (none at the start: -v 0 or a resumed run)", (double)pr->val_last);
+    if (a->val_path[0] && a->eval_every == 0) printf("; val not evaluated (-v 0)");
+    else if (a->val_path[0] && t->start == 0)
+        printf("; val %.4f%s -> %.4f%s", (double)pr->val_first, not_finite(pr->val_first), (double)pr->val_last, not_finite(pr->val_last));
+    else if (a->val_path[0]) printf("; val %.4f%s (none at the start: a resumed run)", (double)pr->val_last, not_finite(pr->val_last));
     printf("\n");
     if (res->skipped_steps)
         printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);

@@ -44,6 +44,10 @@ extern const int num_optimizers;
 int find_optimizer(const char *name);
 
 #define DEFAULT_DATA_DIR "dev/data/fortunes/"
+// A run whose training loss is not finite, or whose update is skipped (a non-finite gradient
+// norm), this many steps in a row has diverged (or its model or data give NaN): it stops with an
+// error, exit status 1 (README, "What the trainer guarantees").
+#define TRAIN_MAX_BAD_STEPS 10
 
 // The command line.
 typedef struct {
@@ -95,6 +99,9 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]);
 // On the GPU, the flags left out take the GPU's defaults (d12, flash + release, B=16, T=1024, ...).
 void apply_gpu_defaults(TrainArgs *a, const char given[128]);
 void usage(FILE *f);
+// gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
+// the norm of their mean: 1 / accum, times clip / norm when norm > clip (clip 0 = off).
+float step_scale(double norm, float clip, int64_t accum);
 // Learning rate of step s (1-based): linear warm-up, then cosine from lr to final_lr_frac * lr.
 float lr_schedule(const TrainArgs *a, float lr, int64_t s);
 // One run: the model (or the newest checkpoint of -o), the data, the device, the steps, the report.

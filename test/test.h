@@ -76,6 +76,7 @@ void tests_faults(void);
 // test_faults.c runs this program again as the trainer it kills: main hands that child over here.
 int test_faults_child(void);
 void tests_flash(void);
+void tests_guard(void);
 
 // CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state
 // files (DESIGN.md §7) whose CRCs must still be right.

@@ -217,6 +217,8 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
                 bnb8_store(t[i].g_cpu.data(), gdtype, 33, 0.0f);
                 bnb8_store(t[i].g_cpu.data(), gdtype, 34, 1.0f);
             }
+            // a finite gradient whose v = g^2 (or an SGD weight in fp16) overflows: counted and kept (P13)
+            if (step % 10 == 6 && t[i].n > 20) bnb8_store(t[i].g_cpu.data(), gdtype, (7 * step) % t[i].n, 1e30f);
             CUDA_CHECK(cudaMemcpy(t[i].g_gpu, t[i].g_cpu.data(), t[i].n * gs, cudaMemcpyHostToDevice));
         }
         float lr = cfg.lr * (0.5f + 0.5f * cosf(3.14159265f * step / steps)), gnorm_scale = step % 5 == 0 ? 0.5f : 1.0f;

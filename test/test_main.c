@@ -12,5 +12,6 @@ int main(void) {
     tests_state();
     tests_faults();
     tests_flash();
+    tests_guard();
     return test_summary();
 }

@@ -538,6 +538,8 @@ static void test_api_misuse(void) {
     float p[300] = {0}, g[300] = {0}, q[300] = {0};
     int id = -7;
 
+    MISUSE(bnb8_map_dynamic(NULL, 1), "map_dynamic: code NULL");     // P13, finding 12: wrote through NULL
+    MISUSE(bnb8_map_linear(NULL, 0), "map_linear: code NULL");
     MISUSE(bnb8_optimizer_create(NULL, BNB8_ADAMW, &c), "create: opt NULL");
     MISUSE(bnb8_optimizer_create(&o, (bnb8_optim)-1, &c), "create: kind -1");
     EXPECT(o == NULL, "create failed but gave an optimizer");
@@ -642,6 +644,145 @@ static void test_api_misuse(void) {
     EXPECT(bnb8_optimizer_steps(opt, 0) == 1 && bnb8_optimizer_steps(opt, 1) == 1 && memcmp(p, p_before, sizeof p) != 0,
            "the step after the misuse did not step");
     bnb8_optimizer_free(opt);
+}
+
+// What no optimizer can use (issue P13, finding 11): each refused at create, at override and,
+// for the per-step values, at step, with a message, nothing moved. The kinds that divide by
+// 1 - beta^t (Adam family, AdEMAMix) need betas below 1; those that divide by sqrt(v) + eps need
+// eps > 0; every kind needs a finite, non-negative lr and weight decay with lr wd < 1.
+static void test_refused_hyperparameters(void) {
+    for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++) {
+        bnb8_optim k = (bnb8_optim)kind;
+        bnb8_config c = bnb8_config_default(k), bad;
+        bnb8_optimizer *o = NULL, *opt = NULL;
+        int bias_corrected = k == BNB8_ADAMW || k == BNB8_ADAM || k == BNB8_LAMB || k == BNB8_ADEMAMIX;
+        int divides = bias_corrected || k == BNB8_RMSPROP || k == BNB8_ADAGRAD;
+        char what[96];
+#define REFUSED(field, value) do {                                                                   \
+            bad = c; bad.field = (value);                                                            \
+            snprintf(what, sizeof what, "%s: " #field " = %g", kind_names[kind], (double)bad.field);    \
+            MISUSE(bnb8_optimizer_create(&o, k, &bad), what);                                        \
+            EXPECT(o == NULL, "%s: a refused create gave an optimizer", what);                       \
+            if (opt) MISUSE(bnb8_optimizer_override(opt, "x", &bad), what);                          \
+        } while (0)
+        EXPECT(bnb8_optimizer_create(&opt, k, &c) == 0, "%s: defaults refused: %s", kind_names[kind], bnb8_last_error());
+        if (bias_corrected) { REFUSED(beta1, 1.0f); REFUSED(beta2, 1.0f); }
+        if (divides) REFUSED(eps, 0.0f);
+        if (k == BNB8_RMSPROP) { REFUSED(alpha, 1.5f); REFUSED(alpha, -0.5f); }
+        REFUSED(beta1, -0.1f); REFUSED(beta2, 1.01f); REFUSED(momentum, 2.0f);
+        REFUSED(lr, -1e-3f); REFUSED(lr, NAN); REFUSED(lr, INFINITY);
+        REFUSED(eps, INFINITY); REFUSED(eps, NAN); REFUSED(eps, -1e-8f);
+        REFUSED(alpha, INFINITY); REFUSED(max_unorm, INFINITY); REFUSED(max_unorm, -1.0f);
+        REFUSED(weight_decay, -1e30f); REFUSED(weight_decay, -0.01f); REFUSED(weight_decay, NAN);
+        REFUSED(weight_decay, 1.5f / c.lr);
+        c.lr = 0.5f;
+        REFUSED(weight_decay, 2.0f);                   // lr wd = 1 exactly: the decay factor 0
+        c = bnb8_config_default(k);
+#undef REFUSED
+        // What each kind can use stays accepted: beta 1 where nothing divides by 1 - beta^t (an
+        // EMA that never moves), eps 0 where nothing divides by it, lr 0, wd 0.
+        bad = c; bad.lr = 0.0f; bad.weight_decay = 0.0f;
+        if (!bias_corrected) bad.beta1 = 1.0f;
+        if (!divides) bad.eps = 0.0f;
+        EXPECT(bnb8_optimizer_create(&o, k, &bad) == 0, "%s: lr 0, wd 0 refused: %s", kind_names[kind], bnb8_last_error());
+        bnb8_optimizer_free(o);
+        o = NULL;
+        bnb8_optimizer_free(opt);
+    }
+    // The issue's case: AdamW with beta1 = beta2 = 1 and eps = 0 turned every weight into NaN, silently.
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+    c.beta1 = 1.0f; c.beta2 = 1.0f; c.eps = 0.0f;
+    bnb8_optimizer *o = NULL, *opt = NULL;
+    MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &c), "create: beta1 = beta2 = 1, eps = 0");
+
+    // Names and the per-step values: lr and gnorm_scale, the scheduled lr wd, duplicate ids.
+    c = bnb8_config_default(BNB8_ADAMW);             // lr 1e-3, wd 1e-2
+    float p[300], g[300], q[300];
+    for (int i = 0; i < 300; i++) { p[i] = q[i] = 0.01f * (float)(i % 11) - 0.05f; g[i] = 0.001f * (float)(i % 7) - 0.003f; }
+    EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0, "create: %s", bnb8_last_error());
+    if (!opt) return;
+    MISUSE(bnb8_optimizer_add(opt, "", p, BNB8_F32, g, BNB8_F32, 300, NULL), "add: empty name");
+    MISUSE(bnb8_optimizer_override(opt, "", &c), "override: empty name");
+    int ids[2] = {0, 1}, dup[2] = {0, 0};
+    EXPECT(bnb8_optimizer_add(opt, "a", p, BNB8_F32, g, BNB8_F32, 300, &ids[0]) == 0 &&
+           bnb8_optimizer_add(opt, "b", q, BNB8_F32, g, BNB8_F32, 300, &ids[1]) == 0, "add: %s", bnb8_last_error());
+    float p0[300];
+    memcpy(p0, p, sizeof p);
+    MISUSE(bnb8_optimizer_step(opt, -1e-3f, 1.0f, NULL), "step: lr -1e-3");
+    MISUSE(bnb8_optimizer_step(opt, 1e-3f, 0.0f, NULL), "step: gnorm_scale 0");
+    MISUSE(bnb8_optimizer_step(opt, 1e-3f, -1.0f, NULL), "step: gnorm_scale -1");
+    MISUSE(bnb8_optimizer_step(opt, 1e-3f, NAN, NULL), "step: gnorm_scale NaN");
+    MISUSE(bnb8_optimizer_step(opt, 200.0f, 1.0f, NULL), "step: scheduled lr 200 x wd 0.01 = 2");
+    MISUSE(bnb8_optimizer_step_tensors(opt, dup, 2, 1e-3f, 1.0f, NULL), "step_tensors: id 0 twice");
+    EXPECT(memcmp(p, p0, sizeof p) == 0 && bnb8_optimizer_steps(opt, 0) == 0, "a refused step moved or counted");
+    EXPECT(bnb8_optimizer_step_tensors(opt, ids, 2, 1e-3f, 1.0f, NULL) == 0 && bnb8_optimizer_steps(opt, 0) == 1,
+           "a good step after the refusals: %s", bnb8_last_error());
+    bnb8_optimizer_free(opt);
+}
+
+// A finite gradient whose step result is not finite (issue P13, finding 11): v = g^2 overflows at
+// g = 1e30, a weight of 3e38 stepped past FLT_MAX, a bf16 weight at its largest finite value
+// stepped past bf16's range. The element is counted and keeps its weight and states, as a
+// non-finite gradient's; the others step; a second, ordinary step leaves every weight finite
+// (an 8-bit block whose absmax became inf would not).
+static void test_nonfinite_results(void) {
+    const int64_t n = 8192;                              // above min_8bit_size: 8-bit and flash states
+    float *p = (float *)malloc(sizeof(float) * (size_t)n), *g = (float *)malloc(sizeof(float) * (size_t)n);
+    float *before = (float *)malloc(sizeof(float) * (size_t)n);
+    uint16_t *w = (uint16_t *)malloc(2 * (size_t)n), *gw = (uint16_t *)malloc(2 * (size_t)n);
+    if (!p || !g || !before || !w || !gw) { free(p); free(g); free(before); free(w); free(gw); EXPECT(0, "out of memory"); return; }
+    test_rng rng = test_rng_new();
+    const bnb8_state_format formats[3] = {BNB8_STATE_32BIT, BNB8_STATE_8BIT, BNB8_STATE_FLASH};
+    for (int f = 0; f < 3; f++) {
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+        c.format = formats[f];
+        bnb8_optimizer *opt = NULL;
+        int64_t k = (int64_t)(test_u64(&rng) % (uint64_t)n);
+        for (int64_t i = 0; i < n; i++) { p[i] = (float)(0.1 * test_randn(&rng)); g[i] = (float)(0.01 * test_randn(&rng)); }
+        g[k] = 1e30f;                                   // finite; its square is not
+        memcpy(before, p, sizeof(float) * (size_t)n);
+        EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0 && bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, n, NULL) == 0,
+               "format %d: %s", f, bnb8_last_error());
+        if (!opt) continue;
+        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0, "format %d: step: %s", f, bnb8_last_error());
+        int64_t bad = bnb8_optimizer_take_nonfinite(opt), moved = 0;
+        EXPECT(bad == 1, "format %d: %lld elements counted, expected 1 (g = 1e30 at %lld)", f, (long long)bad, (long long)k);
+        EXPECT(p[k] == before[k], "format %d: element %lld moved to %g", f, (long long)k, (double)p[k]);
+        for (int64_t i = 0; i < n; i++) moved += i != k && p[i] != before[i] && isfinite(p[i]);
+        EXPECT(moved == n - 1, "format %d: %lld of %lld other elements stepped to finite values", f, (long long)moved, (long long)(n - 1));
+        for (int64_t i = 0; i < n; i++) g[i] = (float)(0.01 * test_randn(&rng));
+        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0 && bnb8_optimizer_take_nonfinite(opt) == 0,
+               "format %d: the second step: %s", f, bnb8_last_error());
+        int64_t finite = 0;
+        for (int64_t i = 0; i < n; i++) finite += isfinite(p[i]) && p[i] != before[i];
+        EXPECT(finite == n, "format %d: after a second step %lld of %lld weights finite and moved", f, (long long)finite, (long long)n);
+        bnb8_optimizer_free(opt);
+    }
+    // Weights stepped past their dtype's range by SGD (lr 1, no momentum, no state): fp32 past
+    // FLT_MAX, bf16 past its largest finite value 0x7f7f (fp32 still finite there).
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        bnb8_config c = bnb8_config_default(BNB8_SGD);
+        c.momentum = 0.0f; c.format = BNB8_STATE_32BIT; c.correction_bytes = 0;
+        bnb8_optimizer *opt = NULL;
+        float top = bf16 ? bnb8_bf16_to_f32(0x7f7f) : 3e38f, push = bf16 ? -1e36f : -1e38f;
+        for (int64_t i = 0; i < n; i++) { p[i] = 0.5f; g[i] = 0.25f; }
+        p[0] = top; g[0] = push;                        // top + 1e36 rounds to bf16 inf; 3e38 + 1e38 is fp32 inf
+        p[1] = top; g[1] = 1e36f;                       // stepped down: finite, taken
+        for (int64_t i = 0; i < n; i++) { w[i] = bnb8_f32_to_bf16(p[i]); gw[i] = bnb8_f32_to_bf16(g[i]); }
+        void *param = bf16 ? (void *)w : (void *)p, *grad = bf16 ? (void *)gw : (void *)g;
+        bnb8_dtype dt = bf16 ? BNB8_BF16 : BNB8_F32;
+        EXPECT(bnb8_optimizer_create(&opt, BNB8_SGD, &c) == 0 && bnb8_optimizer_add(opt, "w", param, dt, grad, dt, n, NULL) == 0,
+               "SGD %s: %s", bf16 ? "bf16" : "fp32", bnb8_last_error());
+        if (!opt) continue;
+        EXPECT(bnb8_optimizer_step(opt, 1.0f, 1.0f, NULL) == 0, "SGD: step: %s", bnb8_last_error());
+        int64_t bad = bnb8_optimizer_take_nonfinite(opt);
+        float w0 = bnb8_load(param, dt, 0), w1 = bnb8_load(param, dt, 1), w2 = bnb8_load(param, dt, 2);
+        EXPECT(bad == 1 && w0 == top && isfinite(w1) && w1 < top && w2 == bnb8_load(param, dt, 3) && w2 != 0.5f,
+               "SGD %s weights: %lld counted (expected 1), w0 %g (kept: %g), w1 %g, w2 %g", bf16 ? "bf16" : "fp32",
+               (long long)bad, (double)w0, (double)top, (double)w1, (double)w2);
+        bnb8_optimizer_free(opt);
+    }
+    free(p); free(g); free(before); free(w); free(gw);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -860,6 +1001,8 @@ void tests_state(void) {
     test_run("state: file size (6.03125 bytes/param with f32 weights) and memory of 8-bit states", test_memory_and_file_size);
     test_run("state: tensors under min_8bit_size keep 32-bit states", test_min_8bit_size);
     test_run("state: API misuse returns a status and a message", test_api_misuse);
+    test_run("state: hyper-parameters no optimizer can use are refused (P13)", test_refused_hyperparameters);
+    test_run("state: a finite gradient's non-finite result is counted and kept out (P13)", test_nonfinite_results);
     test_run("state: linear map and one absmax per tensor: resume, records, sizes", test_ablation_files);
     test_run("state: a version 1 file (before those options and the weights) loads and is rewritten", test_old_file);
     test_run("state: version 1 flash records with bf16, fp16, fp32 scales from before e6m10 load and are rewritten", test_old_flash_file);

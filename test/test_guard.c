@@ -1,0 +1,344 @@
+/*
+test_guard.c — what the trainer and the library refuse or stop on, and the checks a mutation run
+found missing (issue P13): activation sizes that would overflow, shapes past their limits, runs
+whose loss stays non-finite, files that are not regular files, trainer state fields, -v 0, stale
+temporaries; the weight decay of the trainer's tensors, the LAMB / LARS trust ratio, the ECC code
+of a negative tie, the trainer's clip scale. BNB8_TEST_VERBOSE=1 prints the messages.
+*/
+#define _POSIX_C_SOURCE 200809L   // mkdtemp, mkfifo
+#include "train_gpt2_8bit.h"
+#include "test.h"
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+static int gverbose;
+static char gdir[64];
+
+static void gpath(char *path, size_t size, const char *name) { snprintf(path, size, "%s/%s", gdir, name); }
+
+// Expects the last call to have failed with a message that holds want (and names none of avoid).
+static void expect_message(int status, const char *want, const char *label) {
+    EXPECT(status != 0 && strstr(train_error_text, want), "%s: status %d, message '%s' lacks '%s'", label, status,
+           train_error_text, want);
+    if (gverbose) printf("    %-34s -> %s\n", label, train_error_text);
+}
+
+// n tokens of a 64-token vocabulary.
+static void write_tokens(const char *path, int64_t n) {
+    uint16_t *t = (uint16_t *)malloc(2 * (size_t)n);
+    int32_t h[256] = {0};
+    h[0] = TOKENS_MAGIC; h[1] = 1; h[2] = (int32_t)n;
+    test_rng r = test_rng_new();
+    for (int64_t i = 0; t && i < n; i++) t[i] = (uint16_t)(test_u64(&r) % 64);
+    FILE *f = fopen(path, "wb");
+    EXPECT(t && f && fwrite(h, 4, 256, f) == 256 && fwrite(t, 2, (size_t)n, f) == (size_t)n, "cannot write %s", path);
+    if (f) fclose(f);
+    free(t);
+}
+
+static void small_args(TrainArgs *a, int64_t steps) {
+    static char train[128], val[128];
+    gpath(train, sizeof train, "train.bin");
+    gpath(val, sizeof val, "val.bin");
+    train_args_default(a);
+    a->train_path = train; a->val_path = val; a->tokenizer_path = "";
+    a->model = "d1c32h2v64t16"; a->stable_embedding = 0;
+    a->B = 2; a->T = 16; a->steps = steps; a->warmup = 1;
+    a->recipe = "fp32"; a->optimizer = "adamw"; a->lr = 1e-3f;
+    a->eval_every = 0; a->gen_tokens = 0; a->verbose = 0;
+}
+
+static int count_done(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) n += strncmp(e->d_name, "DONE_", 5) == 0;
+    if (d) closedir(d);
+    return n;
+}
+
+// Finding 1: the issue's reproduction (L=512, NH=128, B=128, T=maxT=2^20: L B NH T^2 = 2^63) is
+// refused naming the limit, before the weights (1 GB) or the 2^27-token file are touched (the
+// token file named does not exist); under UBSan no product overflows. Shapes past a limit name it.
+static void test_activation_overflow(void) {
+    TrainArgs a;
+    small_args(&a, 1);
+    a.model = "d512c128h128v64t1048576"; a.B = 128; a.T = 1048576; a.train_path = "/nonexistent/tokens.bin";
+    expect_message(train_run(&a, NULL), "2^52", "the issue's activation sizes");
+    EXPECT(!strstr(train_error_text, "tokens.bin"), "the token file was opened first: '%s'", train_error_text);
+    GPT2Config c;
+    int64_t sizes[NUM_ACT_TENSORS];
+    EXPECT(gpt2_config_from_descriptor(&c, "d512c128h128v64t1048576") == 0, "%s", train_error_text);
+    expect_message(gpt2_act_sizes(&c, 128, 1048576, sizes), "2^52", "gpt2_act_sizes, the issue's batch");
+    expect_message(gpt2_act_sizes(&c, INT64_C(1) << 40, INT64_C(1) << 40, sizes), "2^52", "gpt2_act_sizes, B = T = 2^40");
+    EXPECT(gpt2_act_sizes(&c, 1, 16, sizes) == 0 && sizes[10] == 512 * 128 * 16 * 16, "a small batch: %s", train_error_text);
+    // every limit by name (the old message blamed "C a multiple of NH, Vp >= V" for all of them)
+    struct { const char *desc, *want; } shapes[] = {
+        {"d1c65537h1", "C must be in 1..65536"}, {"d4097c64h1", "L must be in 1..4096"},
+        {"d1c64h1t1048577", "maxT must be in 1..1048576"}, {"d1c64h3", "NH must"}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        expect_message(gpt2_config_from_descriptor(&c, shapes[i].desc), shapes[i].want, shapes[i].desc);
+    EXPECT(gpt2_config_from_descriptor(&c, "d1c64h1") == 0, "%s", train_error_text);
+    c.vocab_size = c.padded_vocab_size = (1 << 24) + 1;
+    expect_message(gpt2_config_check(&c, "V 2^24 + 1"), "V must be in 1..16777216", "V 2^24 + 1");
+}
+
+// Finding 10: a model whose every weight is 3e38 (finite: it loads) gives a NaN loss at every
+// step: the run stops after TRAIN_MAX_BAD_STEPS with an error and writes no checkpoint. A run whose
+// gradients turn NaN from step 4 skips steps 4..13 (each checkpoint of them holds the weights of
+// step 3, whose loss is finite) and stops at 13. A run whose gradients become 1e36 at step 4 (SGD,
+// no clipping: the weights jump to about 1e33, finite) writes no checkpoint from step 4 on (the
+// weights after it give a non-finite loss), and stops at 14: the newest checkpoint is step 3's.
+static int64_t poison_from;
+static float poison_value;
+static void poison_grads(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step) {
+    (void)opt;
+    if (step >= poison_from) for (int64_t i = 0; i < m->num_parameters; i++) grads[i] = poison_value;
+}
+static void test_divergence_stops(void) {
+    char model[128], out[128];
+    gpath(model, sizeof model, "huge.bin");
+    gpath(out, sizeof out, "diverged");
+    GPT2 m;
+    GPT2Config c;
+    EXPECT(gpt2_config_from_descriptor(&c, "d1c32h2v64t16") == 0 && gpt2_init_random(&m, &c, 3) == 0, "%s", train_error_text);
+    for (int64_t i = 0; i < m.num_parameters; i++) m.params_memory[i] = 3e38f;
+    EXPECT(gpt2_save(&m, model, 0) == 0, "%s", train_error_text);
+    gpt2_free(&m);
+    TrainArgs a;
+    TrainResult r = {0};
+    small_args(&a, 30);
+    a.model = model; a.out_dir = out; a.ckpt_every = 1;
+    a.eval_every = 5; a.verbose = 1;             // the validation loss at step 0 is NaN: printed as such
+    char log[128];
+    gpath(log, sizeof log, "huge_stdout.txt");
+    fflush(stdout);
+    int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (saved >= 0 && fd >= 0) { dup2(fd, 1); close(fd); }
+    int status = train_run(&a, &r);
+    fflush(stdout);
+    if (saved >= 0) { dup2(saved, 1); close(saved); }
+    expect_message(status, "in a row", "weights of 3e38");
+    size_t n = 0;
+    char *text = (char *)test_slurp(log, &n);
+    EXPECT(text && strstr(text, "| val loss") && strstr(text, "nan (not finite)"), "the NaN validation loss is not reported as such: %s",
+           text ? text : "(no output)");
+    free(text);
+    EXPECT(strstr(train_error_text, "steps 1..10"), "stopped at the wrong step: '%s'", train_error_text);
+    EXPECT(count_done(out) == 0, "%d checkpoints written from weights whose loss is NaN", count_done(out));
+    test_remove_tree(out, 1);
+    small_args(&a, 30);
+    a.out_dir = out; a.ckpt_every = 1;
+    poison_from = 4;
+    poison_value = NAN;
+    train_after_backward = poison_grads;
+    expect_message(train_run(&a, &r), "in a row", "NaN gradients from step 4");
+    train_after_backward = NULL;
+    EXPECT(strstr(train_error_text, "steps 4..13"), "stopped at the wrong step: '%s'", train_error_text);
+    EXPECT(count_done(out) == 12 && r.skipped_steps == 10, "%d checkpoints, %lld skipped: expected 12, 10", count_done(out),
+           (long long)r.skipped_steps);
+    test_remove_tree(out, 1);
+    small_args(&a, 30);
+    a.out_dir = out; a.ckpt_every = 1; a.optimizer = "sgd"; a.grad_clip = 0.0f;
+    poison_value = 1e36f;
+    train_after_backward = poison_grads;
+    expect_message(train_run(&a, &r), "in a row", "gradients of 1e36 from step 4");
+    train_after_backward = NULL;
+    EXPECT(strstr(train_error_text, "steps 5..14"), "stopped at the wrong step: '%s'", train_error_text);
+    EXPECT(count_done(out) == 3 && checkpoint_latest(out) == 3, "%d checkpoints, newest %lld: expected 1..3", count_done(out),
+           (long long)checkpoint_latest(out));
+    test_remove_tree(out, 1);
+}
+
+// Finding 13: files that are not regular files are refused at once, naming what they are (a FIFO
+// used to block fopen forever: here a writer is held open, so that the old code could not hang);
+// -R 1 on the CPU names -D gpu; a trainer state field out of range is named; -v 0 never evaluates;
+// temporaries of an interrupted run are removed at start; -l x -c >= 1 is refused naming the flags.
+static void test_small_findings(void) {
+    char fifo[128], path[128];
+    gpath(fifo, sizeof fifo, "fifo");
+    EXPECT(mkfifo(fifo, 0600) == 0, "mkfifo");
+    int rd = open(fifo, O_RDONLY | O_NONBLOCK), wr = open(fifo, O_WRONLY | O_NONBLOCK);
+    TokenFile tf;
+    expect_message(tokens_load(&tf, fifo), "a FIFO", "tokens: a FIFO");
+    Tokenizer tok;
+    expect_message(tokenizer_load(&tok, gdir), "a directory", "tokenizer: a directory");
+    GPT2 m;
+    expect_message(gpt2_load(&m, "/dev/null"), "a device", "model: /dev/null");
+    bnb8_optimizer *opt = NULL;
+    EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, NULL) == 0, "%s", bnb8_last_error());
+    EXPECT(bnb8_optimizer_load(opt, fifo) == BNB8_ERR_IO && strstr(bnb8_last_error(), "not a regular file"),
+           "optimizer state: a FIFO: '%s'", bnb8_last_error());
+    EXPECT(bnb8_optimizer_load(opt, gdir) == BNB8_ERR_IO && strstr(bnb8_last_error(), "not a regular file"),
+           "optimizer state: a directory: '%s'", bnb8_last_error());
+    bnb8_optimizer_free(opt);
+    if (rd >= 0) close(rd);
+    if (wr >= 0) close(wr);
+    remove(fifo);
+    TrainArgs a;
+    small_args(&a, 2);
+    a.release = 1; a.device = 1; a.recipe = "flash"; a.grad_clip = 0.0f;
+    expect_message(train_run(&a, NULL), "-D gpu", "-R 1 on the CPU");
+    small_args(&a, 2);
+    a.lr = 0.5f; a.weight_decay = 2.0f;
+    expect_message(train_run(&a, NULL), "-l 0.5 x -c 2", "-l 0.5 -c 2");
+    // a trainer state whose recipe is 99: the message names the recipe
+    TrainerState s = {3, 0, 2, 16, 99, 0, 0, 30, 7, 1, 0, 1, 4};
+    gpath(path, sizeof path, "state.bin");
+    EXPECT(write_atomically(path, state_writer, &s) == 0, "%s", train_error_text);
+    TrainerState back;
+    expect_message(state_load(&back, path), "recipe is 99", "state: recipe 99");
+    // -v 0: never evaluated, not even at the end (it used to evaluate there)
+    small_args(&a, 2);
+    TrainResult r = {0};
+    EXPECT(train_run(&a, &r) == 0 && isnan(r.val_loss), "-v 0: val loss %g, %s", (double)r.val_loss, train_error_text);
+    a.eval_every = 2;
+    EXPECT(train_run(&a, &r) == 0 && isfinite(r.val_loss), "-v 2: val loss %g, %s", (double)r.val_loss, train_error_text);
+    // a temporary file left by a killed run goes at the next start
+    char out[128], stale[160];
+    gpath(out, sizeof out, "stale");
+    mkdir(out, 0755);
+    snprintf(stale, sizeof stale, "%s/model_00000001.bin.tmp", out);
+    FILE *f = fopen(stale, "wb");
+    if (f) { fputs("half a model", f); fclose(f); }
+    small_args(&a, 1);
+    a.out_dir = out;
+    EXPECT(train_run(&a, NULL) == 0 && access(stale, F_OK) != 0, "the stale %s is still there: %s", stale, train_error_text);
+    test_remove_tree(out, 1);
+}
+
+// Mutation gap: weight decay reaches the matrices and the embeddings (gpt2_param_is_matrix) and
+// nothing else. One AdamW step with every gradient zero (m = v = 0: the update is 0 / eps = 0):
+// a matrix becomes exactly p (1 - lr wd) in float, every bias and LayerNorm parameter stays.
+static void zero_grads(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step) {
+    (void)opt; (void)step;
+    memset(grads, 0, sizeof(float) * (size_t)m->num_parameters);
+}
+static void test_decay_reaches_matrices_only(void) {
+    for (int stable = 0; stable < 2; stable++) {
+        TrainArgs a;
+        small_args(&a, 1);
+        a.weight_decay = 0.1f; a.lr = 1e-2f; a.stable_embedding = stable;
+        GPT2 m;
+        GPT2Config c;
+        EXPECT(gpt2_config_from_descriptor(&c, a.model) == 0, "%s", train_error_text);
+        c.stable_embedding = stable;
+        if (gpt2_init_random(&m, &c, a.seed)) { EXPECT(0, "%s", train_error_text); return; }
+        float *after = (float *)malloc(sizeof(float) * (size_t)m.num_parameters);
+        TrainResult r = {0};
+        r.final_params = after; r.final_params_count = m.num_parameters;
+        train_after_backward = zero_grads;
+        EXPECT(after && train_run(&a, &r) == 0, "%s", train_error_text);
+        train_after_backward = NULL;
+        float decay = (float)(1.0 - (double)lr_schedule(&a, a.lr, 1) * a.weight_decay);
+        int64_t off = 0, wrong = 0;
+        for (int i = 0; i < GPT2_NUM_PARAMS && after; off += m.param_sizes[i], i++)
+            for (int64_t j = 0; j < m.param_sizes[i]; j++) {
+                float p = m.params_memory[off + j], want = gpt2_param_is_matrix[i] ? p * decay : p;
+                if (after[off + j] != want && wrong++ < 3)
+                    EXPECT(0, "StableEmbedding %d: %s[%lld] = %.9g after a zero-gradient step from %.9g, expected %.9g",
+                           stable, gpt2_param_names[i], (long long)j, (double)after[off + j], (double)p, (double)want);
+            }
+        EXPECT(wrong == 0, "StableEmbedding %d: %lld weights wrong", stable, (long long)wrong);
+        free(after);
+        gpt2_free(&m);
+    }
+}
+
+// Mutation gap: the LAMB / LARS trust ratio, directly (limit / unorm only above the limit, 1 at or
+// below it, and when off or the update is 0 or NaN) and in a step that is not clipped (|p| large)
+// and one that is (|p| tiny), each against the update computed in double.
+static void test_trust_ratio(void) {
+    EXPECT(bnb8_trust_ratio(1.0f, 4.0f, 16.0f) == 0.5f, "above the limit: %g", (double)bnb8_trust_ratio(1.0f, 4.0f, 16.0f));
+    EXPECT(bnb8_trust_ratio(1.0f, 16.0f, 4.0f) == 1.0f, "below the limit: %g", (double)bnb8_trust_ratio(1.0f, 16.0f, 4.0f));
+    EXPECT(bnb8_trust_ratio(0.5f, 16.0f, 4.0f) == 1.0f, "at the limit: %g", (double)bnb8_trust_ratio(0.5f, 16.0f, 4.0f));
+    EXPECT(bnb8_trust_ratio(0.0f, 1.0f, 100.0f) == 1.0f && bnb8_trust_ratio(1.0f, 1.0f, 0.0f) == 1.0f &&
+           bnb8_trust_ratio(1.0f, 1.0f, NAN) == 1.0f, "off, a zero update, a NaN norm: 1");
+    const int64_t n = 1000;
+    float p[1000], g[1000];
+    double p0[1000], u[1000];
+    test_rng rng = test_rng_new();
+    for (int lars = 0; lars < 2; lars++)
+        for (int big = 0; big < 2; big++) {
+            bnb8_optim kind = lars ? BNB8_LARS : BNB8_LAMB;
+            bnb8_config c = bnb8_config_default(kind);
+            c.format = BNB8_STATE_32BIT; c.weight_decay = 0.0f;
+            double p2 = 0.0, u2 = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                p[i] = (float)((big ? 10.0 : 1e-3) * (1.0 + 0.1 * test_randn(&rng)));
+                g[i] = (float)(1e-3 * test_randn(&rng));
+                p0[i] = p[i];
+                // step 1: LAMB's m / (sqrt(v) / sqrt(bc2) + eps) with m = (1 - b1) g, v = (1 - b2) g^2, over bc1
+                // in the step size; LARS's buffer is g itself
+                double gd = g[i], b1 = c.beta1, b2 = c.beta2;
+                u[i] = lars ? gd : (1 - b1) * gd / (sqrt((1 - b2) * gd * gd) / sqrt(1 - b2) + c.eps);
+                p2 += p0[i] * p0[i];
+                u2 += u[i] * u[i];
+            }
+            double limit = c.max_unorm * sqrt(p2), trust = sqrt(u2) > limit ? limit / sqrt(u2) : 1.0;
+            double step = lars ? c.lr : c.lr / (1.0 - c.beta1);
+            bnb8_optimizer *opt = NULL;
+            EXPECT(bnb8_optimizer_create(&opt, kind, &c) == 0 && bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, n, NULL) == 0 &&
+                   bnb8_optimizer_step(opt, c.lr, 1.0f, NULL) == 0, "%s", bnb8_last_error());
+            bnb8_optimizer_free(opt);
+            EXPECT(big ? trust == 1.0 : trust < 0.1, "%s %s: the case's own trust %g", lars ? "LARS" : "LAMB", big ? "big" : "tiny", trust);
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double want = p0[i] - step * trust * u[i], tol = 4.0 * fabs(p0[i]) * 0x1p-23 + 1e-3 * step * trust * fabs(u[i]);
+                if (fabs(p[i] - want) > tol && wrong++ < 3)
+                    EXPECT(0, "%s |p| %s, element %lld: %.9g, expected %.9g (trust %g)", lars ? "LARS" : "LAMB", big ? "10" : "1e-3",
+                           (long long)i, (double)p[i], want, trust);
+            }
+        }
+}
+
+// Mutation gap: the correction of a weight exactly a quarter ulp below its bf16 value is the tie
+// t = -0.5, which rounds half away from zero: -64 (int8), -16384 (int16); +64 above. The GPU's fast
+// form (bnb8_ecc8_code_fast, shared) agrees and vouches for it.
+static void test_ecc_negative_tie(void) {
+    const float n = 1.5f, quarter = 0x1p-9f;               // bf16 1.5: ulp 2^-7, 2^L = 2^-8
+    uint16_t bits = bnb8_f32_to_bf16(n);
+    for (int sign = -1; sign <= 1; sign += 2) {
+        float x = n + (float)sign * quarter;
+        EXPECT(bnb8_f32_to_bf16(x) == bits, "RNE(%g) is not 1.5", (double)x);
+        int32_t q8 = bnb8_ecc_code(x, bits, BNB8_BF16, 127), q16 = bnb8_ecc_code(x, bits, BNB8_BF16, 32767);
+        int ok = 1;
+        int32_t fast = bnb8_ecc8_code_fast(x, bits, &ok);
+        EXPECT(q8 == 64 * sign && q16 == 16384 * sign && fast == 64 * sign && ok,
+               "tie t = %+.1f: int8 %d, int16 %d, fast %d (ok %d), expected %d, %d", 0.5 * sign, q8, q16, fast, ok, 64 * sign,
+               16384 * sign);
+    }
+}
+
+// Mutation gap: the trainer's clip scale for a norm above, equal to and below the threshold
+// (equal: not clipped), with and without accumulation, and clipping off.
+static void test_clip_scale(void) {
+    EXPECT(step_scale(2.0, 1.0f, 1) == 0.5f, "above: %g", (double)step_scale(2.0, 1.0f, 1));
+    EXPECT(step_scale(1.0, 1.0f, 1) == 1.0f, "equal: %g", (double)step_scale(1.0, 1.0f, 1));
+    EXPECT(step_scale(0.5, 1.0f, 1) == 1.0f, "below: %g", (double)step_scale(0.5, 1.0f, 1));
+    EXPECT(step_scale(4.0, 1.0f, 2) == 0.125f && step_scale(1.0, 1.0f, 4) == 0.25f, "accumulation: %g %g",
+           (double)step_scale(4.0, 1.0f, 2), (double)step_scale(1.0, 1.0f, 4));
+    EXPECT(step_scale(1e9, 0.0f, 1) == 1.0f, "clipping off: %g", (double)step_scale(1e9, 0.0f, 1));
+}
+
+void tests_guard(void) {
+    gverbose = getenv("BNB8_TEST_VERBOSE") != NULL;
+    snprintf(gdir, sizeof gdir, "/tmp/bnb8_guard_XXXXXX");
+    if (!mkdtemp(gdir)) { printf("test_guard: mkdtemp failed\n"); return; }
+    char path[128];
+    gpath(path, sizeof path, "train.bin");
+    write_tokens(path, 4096);
+    gpath(path, sizeof path, "val.bin");
+    write_tokens(path, 1024);
+    test_run("guard: activation sizes past 2^52 bytes and shapes past a limit are refused, naming it (P13)", test_activation_overflow);
+    test_run("guard: a loss not finite 10 steps in a row stops the run; no checkpoint from it (P13)", test_divergence_stops);
+    test_run("guard: FIFO, directory and device inputs, -R 1 on the CPU, state fields, -v 0, stale .tmp (P13)", test_small_findings);
+    test_run("guard: weight decay reaches the matrices and embeddings only", test_decay_reaches_matrices_only);
+    test_run("guard: LAMB / LARS trust ratio: clipped and unclipped steps", test_trust_ratio);
+    test_run("guard: ECC code of a tie t = -0.5 is -64 (exact and fast forms)", test_ecc_negative_tie);
+    test_run("guard: the trainer's clip scale above, at and below the threshold", test_clip_scale);
+    test_remove_tree(gdir, 1);
+}
