@@ -398,7 +398,7 @@ static void test_training(void) {
 }
 
 // Stop after k steps, resume: the later losses and the final weights equal an uninterrupted run's.
-static void resume_case(const char *recipe, const char *optimizer, int stable) {
+static void resume_case(const char *recipe, const char *optimizer, int stable, int rule) {
     const int64_t N = 12, K = 5;
     char dir_a[256], dir_b[256];
     snprintf(dir_a, sizeof dir_a, "%s/run_a_%s_%s_%d", tdir, recipe, optimizer, stable);
@@ -407,6 +407,7 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
     tiny_args(&a, recipe, optimizer, N);
     a.stable_embedding = stable;
     a.eval_every = 4;
+    a.clip_rule = rule;
     GPT2Config c;
     gpt2_config_from_descriptor(&c, a.model);
     c.stable_embedding = stable;
@@ -440,6 +441,14 @@ static void resume_case(const char *recipe, const char *optimizer, int stable) {
            recipe, optimizer, stable);
     EXPECT(memcmp(&ra.val_loss, &rb.val_loss, 4) == 0, "%s: val loss %.9g vs resumed %.9g", recipe, (double)ra.val_loss,
            (double)rb.val_loss);
+    if (rule == CLIP_PREV) {   // the rule acted, and the resumed run clipped with the checkpoint's norm
+        EXPECT(ra.clipped_steps > 0, "%s -N prev: no step clipped (the test would not see the rule)", recipe);
+        TrainArgs exact = a;
+        exact.clip_rule = CLIP_EXACT;
+        exact.steps = N + 5;
+        EXPECT(train_run(&exact, &rb) != 0 && strstr(train_error_text, "clipping rule"), "resume -N prev with exact: '%s'",
+               train_error_text);
+    }
     // The checkpoint of the stopped run is complete and the newest.
     EXPECT(checkpoint_latest(dir_b) == N, "newest checkpoint in %s is %lld", dir_b, (long long)checkpoint_latest(dir_b));
     // Asking to resume a finished run is an error that says so.
@@ -518,15 +527,17 @@ static void test_accumulation(void) {
 }
 
 static void test_resume(void) {
-    resume_case("fp32", "adamw", 0);
-    resume_case("8bit", "adamw", 0);
-    resume_case("8bit", "lion", 1);
-    resume_case("fp32", "sgd", 1);
-    resume_case("flash", "adamw", 0);   // the final weights compared are the decoded fp32 masters
-    resume_case("flash", "lion", 1);
-    resume_case("flash", "sgd", 0);
-    resume_case("8bit-int8", "adamw", 0);
-    resume_case("8bit-int8", "lion", 1);
+    resume_case("fp32", "adamw", 0, -1);
+    resume_case("8bit", "adamw", 0, -1);
+    resume_case("8bit", "lion", 1, -1);
+    resume_case("fp32", "sgd", 1, -1);
+    resume_case("flash", "adamw", 0, -1);   // the final weights compared are the decoded fp32 masters
+    resume_case("flash", "lion", 1, -1);
+    resume_case("flash", "sgd", 0, -1);
+    resume_case("8bit-int8", "adamw", 0, -1);
+    resume_case("8bit-int8", "lion", 1, -1);
+    resume_case("flash", "adamw", 0, CLIP_PREV);   // the previous norm travels in the trainer state
+    resume_case("8bit", "adamw", 1, CLIP_PREV);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -704,7 +715,7 @@ static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
     tpath(bad, sizeof bad, "bad_state.bin");
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3, 2}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 0, 20, 0x1234567890abcdefull, 42, 1, 3, 2, CLIP_PREV, 1.5}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
@@ -718,6 +729,14 @@ static void test_state_files(void) {
     variant(bad, d, size, 28, 3, size);       expect_refused(load_state_file, bad, "inconsistent", "state: 3-byte weights");
     variant(bad, d, size, -1, 0, size - 8);   expect_refused(load_state_file, bad, "truncated", "state: truncated");
     variant(bad, d, size, -1, 0, size + 8);   expect_refused(load_state_file, bad, "oversized", "state: oversized");
+    variant(bad, d, size, 32, 2, size);       expect_refused(load_state_file, bad, "inconsistent", "state: clipping rule 2");
+    variant(bad, d, size, 35, (int32_t)0xbff00000, size);   // word 17's high half: a norm of -1
+    expect_refused(load_state_file, bad, "inconsistent", "state: negative previous norm");
+    // version 1 (16 words) still loads: the exact rule, no previous norm
+    variant(bad, d, size, 2, 1, 16 * 8);
+    EXPECT(state_load(&back, bad) == 0 && back.clip_rule == CLIP_EXACT && isnan(back.prev_norm) && back.step == 7 &&
+           back.weight_bytes == 2, "version 1 file: %s", train_error_text);
+    variant(bad, d, size, 2, 1, size);        expect_refused(load_state_file, bad, "version", "state: version 1 of 18 words");
     free(d);
     // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
     TrainArgs a;
@@ -773,6 +792,68 @@ static void test_fortunes_smoke(void) {
 }
 
 // Descriptors, flags, settings the trainer refuses, the schedule.
+// The prev clipping rule (-N prev). Its arithmetic: step_scale against a double computation, the
+// norm above, equal to and below the clip, none known (NAN), clipping off, two micro-batches. In a
+// run (8bit keeps fp32 gradients on the CPU, which the optimizer reads): each step's norm is the
+// double norm of the gradients the hook sees, within the summation bound; the steps clipped are
+// those whose previous step's norm exceeds the clip; step 1 is not clipped (its loss and step 2's
+// equal an unclipped run's, bit for bit: the per-layer slices the rule registers step the same).
+static double direct_norm[40];
+static void record_norm(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step) {
+    (void)opt;
+    double s = 0.0;
+    for (int64_t i = 0; i < m->num_parameters; i++) s += (double)grads[i] * grads[i];
+    direct_norm[step - 1] = sqrt(s);
+}
+static void test_clip_rule(void) {
+    const struct { double norm; float clip; int64_t accum; } c[] = {
+        {2.0, 1.0f, 1}, {1.0, 1.0f, 1}, {0.5, 1.0f, 1}, {NAN, 1.0f, 1}, {5.0, 0.0f, 1}, {3.0, 1.5f, 2}, {1.0000001, 1.0f, 1}};
+    for (int k = 0; k < (int)(sizeof c / sizeof c[0]); k++) {
+        double want = (c[k].clip > 0.0f && c[k].norm > (double)c[k].clip ? (double)(float)((double)c[k].clip / c[k].norm) : 1.0)
+                      / (double)c[k].accum;
+        float got = step_scale(c[k].norm, c[k].clip, c[k].accum);
+        EXPECT((double)got == (double)(float)want, "step_scale(%g, %g, %lld) = %.9g, expected %.9g", c[k].norm,
+               (double)c[k].clip, (long long)c[k].accum, (double)got, want);
+    }
+    EXPECT(step_scale(2.0, 1.0f, 1) == 0.5f && step_scale(1.0, 1.0f, 1) == 1.0f && step_scale(0.5, 1.0f, 1) == 1.0f,
+           "above / equal / below the clip");
+    const int64_t N = 30;
+    TrainArgs a;
+    tiny_args(&a, "8bit", "adamw", N);
+    a.grad_clip = 0.0f;
+    float l0[30], l1[30];
+    double norms[30];
+    TrainResult r0 = {0}, r1 = {0};
+    r0.losses = l0;
+    EXPECT(train_run(&a, &r0) == 0, "unclipped: %s", train_error_text);
+    a.clip_rule = CLIP_PREV;
+    r1.losses = l1; r1.norms = norms;
+    for (int i = 0; i < 40; i++) direct_norm[i] = NAN;
+    // a clip inside the run's norms: some steps clipped, some not
+    a.grad_clip = 0.5f;
+    train_after_backward = record_norm;
+    EXPECT(train_run(&a, &r1) == 0, "-N prev: %s", train_error_text);
+    train_after_backward = NULL;
+    int64_t n = 0, expected = 0;
+    GPT2Config cfg;
+    gpt2_config_from_descriptor(&cfg, a.model);
+    int64_t sizes[GPT2_NUM_PARAMS];
+    gpt2_param_sizes(&cfg, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
+    for (int s = 0; s < N; s++) {
+        double bound = 2.0 * (double)n * 0x1p-53 * direct_norm[s];   // sqrt halves the sums' relative bound
+        EXPECT(fabs(norms[s] - direct_norm[s]) <= bound, "step %d: norm %.17g, direct %.17g", s + 1, norms[s], direct_norm[s]);
+        if (s > 0) expected += direct_norm[s - 1] > 0.5;
+    }
+    EXPECT(r1.clipped_steps == expected && expected > 0 && expected < N - 1, "%lld steps clipped, expected %lld of %lld",
+           (long long)r1.clipped_steps, (long long)expected, (long long)N);
+    EXPECT(memcmp(l0, l1, 2 * sizeof(float)) == 0, "steps 1-2 with -N prev: %.9g %.9g, unclipped %.9g %.9g", (double)l1[0],
+           (double)l1[1], (double)l0[0], (double)l0[1]);
+    EXPECT(memcmp(l0, l1, sizeof l0) != 0, "-N prev -g 0.5 trained as unclipped");
+    if (tverbose) printf("    -N prev -g 0.5: %lld of %lld steps clipped; norms %.4f .. %.4f\n", (long long)r1.clipped_steps,
+                         (long long)N, norms[0], norms[N - 1]);
+}
+
 static void test_settings(void) {
     GPT2Config c;
     EXPECT(gpt2_config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
@@ -820,7 +901,15 @@ static void test_settings(void) {
            a.steps == 9 && a.B == 16 && a.T == 1024 && a.lr == 6e-4f, "GPU defaults with -r 8bit");
     parse_args(1, (char **)gpu_flags, &a, given);
     apply_gpu_defaults(&a, given);
-    EXPECT(strcmp(a.recipe, "flash") == 0 && a.release == 1 && a.grad_clip == 0.0f, "GPU defaults: flash + release");
+    EXPECT(strcmp(a.recipe, "flash") == 0 && a.release == 1 && a.grad_clip == 1.0f && a.clip_rule == -1,
+           "GPU defaults: flash + release, clipped (prev, check_settings's default under release)");
+    const char *exact[] = {"t", "-N", "exact"};
+    EXPECT(parse_args(3, (char **)exact, &a, given) == 0 && a.clip_rule == CLIP_EXACT, "-N exact: %s", train_error_text);
+    apply_gpu_defaults(&a, given);
+    EXPECT(a.release == 0, "GPU defaults with -N exact: no release");
+    const char *bad_rule[] = {"t", "-N", "maybe"};
+    EXPECT(parse_args(3, (char **)bad_rule, &a, given) < 0 && strstr(train_error_text, "exact, prev"), "-N maybe: '%s'",
+           train_error_text);
     // The ablations' options reach the optimizer: a linear map, one absmax per tensor (the state
     // file's records, checked by the library's tests, say which); only for the 8bit recipe.
     tiny_args(&a, "8bit", "adamw", 3);
@@ -888,6 +977,7 @@ void tests_train(void) {
     test_run("train: 50 steps lower the loss; 8bit, flash and 8bit-int8 within 2% of fp32; bytes per parameter", test_training);
     test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd)", test_resume);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
+    test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
     test_run("train: tokenizer files: bad ones refused, naming the file", test_tokenizer_files);
