@@ -822,15 +822,17 @@ static void test_clip_rule(void) {
     tiny_args(&a, "8bit", "adamw", N);
     a.grad_clip = 0.0f;
     float l0[30], l1[30];
-    double norms[30];
+    double norms[30], sorted[30];
     TrainResult r0 = {0}, r1 = {0};
-    r0.losses = l0;
+    r0.losses = l0; r0.norms = sorted;
     EXPECT(train_run(&a, &r0) == 0, "unclipped: %s", train_error_text);
+    for (int i = 1; i < N; i++)   // insertion sort: the unclipped run's median norm is the clip
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { double x = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = x; }
+    float clip = (float)sorted[N / 2];
     a.clip_rule = CLIP_PREV;
     r1.losses = l1; r1.norms = norms;
     for (int i = 0; i < 40; i++) direct_norm[i] = NAN;
-    // a clip inside the run's norms: some steps clipped, some not
-    a.grad_clip = 0.5f;
+    a.grad_clip = clip;   // inside the run's norms: some steps clipped, some not
     train_after_backward = record_norm;
     EXPECT(train_run(&a, &r1) == 0, "-N prev: %s", train_error_text);
     train_after_backward = NULL;
@@ -843,15 +845,15 @@ static void test_clip_rule(void) {
     for (int s = 0; s < N; s++) {
         double bound = 2.0 * (double)n * 0x1p-53 * direct_norm[s];   // sqrt halves the sums' relative bound
         EXPECT(fabs(norms[s] - direct_norm[s]) <= bound, "step %d: norm %.17g, direct %.17g", s + 1, norms[s], direct_norm[s]);
-        if (s > 0) expected += direct_norm[s - 1] > 0.5;
+        if (s > 0) expected += direct_norm[s - 1] > (double)clip;
     }
     EXPECT(r1.clipped_steps == expected && expected > 0 && expected < N - 1, "%lld steps clipped, expected %lld of %lld",
            (long long)r1.clipped_steps, (long long)expected, (long long)N);
     EXPECT(memcmp(l0, l1, 2 * sizeof(float)) == 0, "steps 1-2 with -N prev: %.9g %.9g, unclipped %.9g %.9g", (double)l1[0],
            (double)l1[1], (double)l0[0], (double)l0[1]);
-    EXPECT(memcmp(l0, l1, sizeof l0) != 0, "-N prev -g 0.5 trained as unclipped");
-    if (tverbose) printf("    -N prev -g 0.5: %lld of %lld steps clipped; norms %.4f .. %.4f\n", (long long)r1.clipped_steps,
-                         (long long)N, norms[0], norms[N - 1]);
+    EXPECT(memcmp(l0, l1, sizeof l0) != 0, "-N prev -g %g trained as unclipped", (double)clip);
+    if (tverbose) printf("    -N prev -g %.4f: %lld of %lld steps clipped; norms %.4f .. %.4f\n", (double)clip,
+                         (long long)r1.clipped_steps, (long long)N, norms[0], norms[N - 1]);
 }
 
 static void test_settings(void) {
