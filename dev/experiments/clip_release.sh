@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# study4_clip_release.sh TRAIN.bin [VAL.bin] — issue P14: global-norm clipping under gradient release.
+# clip_release.sh TRAIN.bin [VAL.bin] — issue P14: global-norm clipping under gradient release.
 # Three rules x SEEDS on flash AdamW (the issue's setting: d12, B=8, T=128, 1,500 steps, lr 6e-4,
 # warm-up 100, cosine to 10%, StableEmbedding on): exact clipping (-N exact -g 1, no release),
 # release clipped with the previous step's norm (-R 1 -N prev -g 1) and release unclipped (-R 1 -g 0).
@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 TRAIN.bin [VAL.bin]" >&2; exit 2; }
 train=$1; val=${2:-${1/train/val}}
 : "${TRAINER:=build/train_gpt2_8bit_cuda}" "${STEPS:=1500}" "${LR:=6e-4}" "${SEEDS:=1337 1 2}" "${GPUS:=0 1}"
-: "${DEVICE:=gpu}" "${MODEL:=d12}" "${B:=8}" "${T:=128}" "${OUT:=dev/experiments/logs/study4_clip_release}"
+: "${DEVICE:=gpu}" "${MODEL:=d12}" "${B:=8}" "${T:=128}" "${OUT:=dev/experiments/logs/clip_release}"
 mkdir -p "$OUT"
 rel="-R 1"; [ "$DEVICE" = gpu ] || rel="-R 0"
 runs=()
