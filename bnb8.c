@@ -408,6 +408,7 @@ typedef struct {
     int correction_bytes;       // bf16/fp16 weights: cfg's 1, 2 or 4; fp32 weights: 0
     void *correction;           // (n) int8, int16 or fp32 (the master)
     float *gnorm_history;       // (100) squared gradient norms, for percentile clipping
+    double sum_squares;         // CPU tensors, cfg.sum_squares: the sum of g^2 of the latest step
     void *memory;               // the one allocation all of the above live in
     size_t memory_bytes;
 } bnb8_tensor;
@@ -421,6 +422,8 @@ struct bnb8_optimizer {
     int num_tensors, tensors_capacity;
     int64_t nonfinite;          // non-finite gradient elements since the last take
     void *gpu_context;          // bnb8_cuda.cu's device scratch, made on the first GPU step
+    double *gpu_sums;           // (gpu_sums_count) device: cfg.sum_squares of GPU tensors, by id
+    int gpu_sums_count;
     float code[BNB8_NUM_MAPS][2][256];          // [map][is_signed]: the maps of 8-bit states
     bnb8_codebook books[BNB8_NUM_MAPS][2];      // their thresholds and lookup tables
 };
@@ -512,6 +515,8 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
     if (status) return status;
     if (c->percentile_clipping < 1 || c->percentile_clipping > 100)
         return bnb8_fail(BNB8_ERR_ARG, "%s: percentile_clipping %d not in 1..100", fn, c->percentile_clipping);
+    if (c->sum_squares != 0 && c->sum_squares != 1)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: sum_squares %d is not 0 or 1", fn, c->sum_squares);
     if (c->format != BNB8_STATE_32BIT && c->format != BNB8_STATE_8BIT && c->format != BNB8_STATE_FLASH)
         return bnb8_fail(BNB8_ERR_ARG, "%s: unknown state format %d", fn, (int)c->format);
     if (c->format == BNB8_STATE_FLASH && !bnb8_flash_kind(kind))
@@ -571,6 +576,7 @@ void bnb8_optimizer_free(bnb8_optimizer *opt) {
     for (int i = 0; i < opt->num_overrides; i++) free(opt->overrides[i].name);
     free(opt->overrides);
     if (opt->gpu_context) bnb8_cuda_context_free(opt->gpu_context);
+    if (opt->gpu_sums) bnb8_cuda_free(opt->gpu_sums);
     free(opt);
 }
 
@@ -740,6 +746,18 @@ int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt) {
     opt->nonfinite = 0;
     if (opt->gpu_context && bnb8_cuda_take_nonfinite(opt->gpu_context, &on_gpu) == BNB8_OK) count += on_gpu;
     return count;
+}
+
+int bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out) {
+    if (!opt || !out) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_sum_squares: opt or out is NULL");
+    for (int i = 0; i < opt->num_tensors; i++) out[i] = opt->tensors[i].on_gpu ? 0.0 : opt->tensors[i].sum_squares;
+    if (!opt->gpu_sums) return BNB8_OK;
+    double *dev = (double *)malloc(sizeof(double) * (size_t)opt->gpu_sums_count);
+    if (!dev) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_sum_squares");
+    int status = bnb8_cuda_copy(dev, opt->gpu_sums, sizeof(double) * (size_t)opt->gpu_sums_count, 0);
+    for (int i = 0; !status && i < opt->gpu_sums_count; i++) if (opt->tensors[i].on_gpu) out[i] = dev[i];
+    free(dev);
+    return status;
 }
 
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
@@ -998,10 +1016,44 @@ static int64_t bnb8_step_per_tensor_cpu(const bnb8_optimizer *opt, bnb8_tensor *
     return bad;
 }
 
+// The sum of g^2 of a CPU tensor in bnb8.h's order ([math.sumsq]: the GPU's, bit for bit), in a
+// loop of its own (on the GPU the update kernel sums as it reads).
+static double bnb8_butterfly32(double *v) {
+    double w[32];
+    for (int d = 16; d > 0; d >>= 1) {
+        for (int k = 0; k < 32; k++) w[k] = v[k] + v[k ^ d];
+        memcpy(v, w, sizeof w);
+    }
+    return v[0];
+}
+static double bnb8_sum_squares_cpu(const bnb8_tensor *t) {
+    const int64_t U = BNB8_SUMSQ_UNIT, units = (t->n + U - 1) / U;
+    double strand[BNB8_SUMSQ_STRANDS], total = 0.0;
+    #pragma omp parallel for schedule(static)
+    for (int s = 0; s < BNB8_SUMSQ_STRANDS; s++) {
+        double acc = 0.0, v[32];
+        for (int64_t u = s; u < units; u += BNB8_SUMSQ_STRANDS) {
+            for (int q = 0; q < 32; q++) {
+                float g[4];
+                for (int j = 0; j < 4; j++) {
+                    int64_t i = u * U + 4 * q + j;
+                    g[j] = i < t->n ? bnb8_load(t->grad, t->grad_dtype, i) : 0.0f;
+                }
+                v[q] = bnb8_sumsq_quad(g);
+            }
+            acc += bnb8_butterfly32(v);
+        }
+        strand[s] = acc;
+    }
+    for (int w = 0; w < BNB8_SUMSQ_STRANDS / 32; w++) total += bnb8_butterfly32(strand + 32 * w);
+    return total;
+}
+
 // One step of one CPU tensor. 32-bit states are updated in place; 8-bit states block by block:
 // dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
     t->step++;
+    if (t->cfg.sum_squares) t->sum_squares = bnb8_sum_squares_cpu(t);
     if (t->cfg.percentile_clipping < 100) {
         double g2 = 0.0;
         #pragma omp parallel for schedule(static) reduction(+:g2)
@@ -1034,6 +1086,20 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
 // The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch.
 static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float lr, float gnorm_scale,
                          struct CUstream_st *stream) {
+    int status = BNB8_OK, sums = 0;
+    for (int i = 0; i < count; i++) sums |= opt->tensors[ids[i]].on_gpu && opt->tensors[ids[i]].cfg.sum_squares;
+    if (sums && opt->gpu_sums_count < opt->num_tensors) {   // one slot per tensor; those before kept
+        double *grown = NULL, *old = (double *)calloc((size_t)opt->num_tensors, sizeof(double));
+        if (!old) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step");
+        if (opt->gpu_sums) status = bnb8_cuda_copy(old, opt->gpu_sums, sizeof(double) * (size_t)opt->gpu_sums_count, 0);
+        if (!status) status = bnb8_cuda_alloc_zeroed((void **)&grown, sizeof(double) * (size_t)opt->num_tensors);
+        if (!status) status = bnb8_cuda_copy(grown, old, sizeof(double) * (size_t)opt->num_tensors, 1);
+        free(old);
+        if (status) { if (grown) bnb8_cuda_free(grown); return status; }
+        if (opt->gpu_sums) bnb8_cuda_free(opt->gpu_sums);
+        opt->gpu_sums = grown;
+        opt->gpu_sums_count = opt->num_tensors;
+    }
     bnb8_gpu_tensor *d = (bnb8_gpu_tensor *)calloc((size_t)count, sizeof *d);
     if (!d) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step: %d tensor descriptors", count);
     int m = 0;
@@ -1059,9 +1125,10 @@ static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float l
         g->scale_dtype = t->scale_dtype;
         g->correction = t->correction;
         for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
+        g->sum_squares = t->cfg.sum_squares ? opt->gpu_sums + ids[i] : NULL;
     }
     float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
-    int status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], opt->books[opt->cfg.map], stream);
+    status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], opt->books[opt->cfg.map], stream);
     free(d);
     return status;
 }

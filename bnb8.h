@@ -138,6 +138,8 @@ typedef struct {
                                  // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none
     bnb8_dtype scale_dtype;      // flash: the group scales' type: BNB8_E6M10 (default: fp16's precision and
                                  // bf16's range, nearest), BNB8_BF16 or BNB8_F16 (rounded up), BNB8_F32
+    int sum_squares;             // 1: each step also sums g^2 of the finite raw gradients (before gnorm_scale),
+                                 // read back with bnb8_optimizer_sum_squares (default 0); see it for the order
 } bnb8_config;
 
 // ==== [api.optimizer] the optimizer object (DESIGN.md §5.5, §6.5, §7) ============================
@@ -169,6 +171,9 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
 // weight, correction and states, so nothing non-finite spreads; a count above 0 is the caller's
 // signal to skip or stop.
 int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
+// out[id] (bnb8_optimizer_count doubles): tensor id's sum of g^2 at its latest step (cfg.sum_squares; else 0),
+// summed in one fixed order, the same bits on CPU and GPU (DESIGN.md §5.4). GPU: waits for the device.
+int bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out);
 // The number of tensors; the step count of tensor id (-1 when there is none).
 int bnb8_optimizer_count(const bnb8_optimizer *opt);
 int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id);
@@ -619,6 +624,19 @@ BNB8_HD float bnb8_percentile_scale(float history[100], int64_t step, float gnor
     return current > clip ? clip / current : 1.0f;
 }
 
+// ==== [math.sumsq] cfg.sum_squares: the sum of g^2 in one fixed order (DESIGN.md §5.4) ===========
+// A quad (elements 4k..4k+3 of the tensor): a = 0, then a += g^2 in double (exact) for each finite
+// g in order. A unit (128 elements, 32 quads) is a butterfly: for d = 16, 8, 4, 2, 1 every
+// v[k] = v[k] + v[k ^ d] (the GPU's warp shuffles), its value v[0]. The tensor: strand s < 256 sums
+// units s, s + 256, ... in order from 0; each 32 strands a butterfly; the 8 results in order from 0.
+#define BNB8_SUMSQ_UNIT 128
+#define BNB8_SUMSQ_STRANDS 256
+BNB8_HD double bnb8_sumsq_quad(const float g[4]) {
+    double a = 0.0;
+    for (int j = 0; j < 4; j++) if (bnb8_isfinite(g[j])) a += (double)g[j] * g[j];
+    return a;
+}
+
 // ==== [math.flash] master weight correction and companding of one element (DESIGN.md §6) =========
 // A flash step of one group of 32 elements, on either back end:
 //   per element  p = bnb8_master_load(...); g = bnb8_load(grad, ...);
@@ -878,6 +896,8 @@ typedef struct {
     int32_t scale_dtype;         // flash states: the dtype of the group scales
     void *correction;            // (n) int8, int16 or fp32, when correction_bytes > 0
     void *scale[2];              // flash states: (ceil(n / 32)) scales per state
+    double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
+    double *units;               // filled by bnb8_cuda.cu: the tensor's per-128-element partial sums
 } bnb8_gpu_tensor;
 
 // Steps count tensors on stream; *context holds the optimizer's device scratch (created on first

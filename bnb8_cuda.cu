@@ -499,6 +499,8 @@ typedef struct {
     int norm_capacity;
     unsigned *tensor_max;        // (norm_capacity, 3) blocksize-0 tensors: max |fresh state|, as float bits
     unsigned long long *nonfinite;
+    double *units;               // (units_capacity) cfg.sum_squares: the launch's per-unit sums
+    int64_t units_capacity;
     int sms;
     int update_per_sm[3][3][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
@@ -542,6 +544,57 @@ __device__ void bnb8_block_sum_atomic(double v, double *out, double *scratch) {
         double s = 0.0;
         for (int w = 0; w < BNB8_WARPS; w++) s += scratch[w];
         if (s != 0.0) atomicAdd(out, s);
+    }
+}
+
+// cfg.sum_squares, bnb8.h's order ([math.sumsq]), as a by-product of the update's gradient loads:
+// each 128-element unit of the tensor goes to t.units[unit] (its butterfly as warp shuffles), and
+// bnb8_sumsq_kernel sums the units after the launch. The whole warp calls these.
+static_assert(BNB8_THREADS == BNB8_SUMSQ_STRANDS && BNB8_ROW / BNB8_WARPS / 4 == 32, "one strand per thread");
+// The chunks' layout: row r of warp w is one unit, lane l holds its quad l.
+template <int R> __device__ void bnb8_sumsq_rows(const bnb8_gpu_tensor &t, int64_t base, const float (*g)[4]) {
+    if (!t.units) return;
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        double v = bnb8_sumsq_quad(g[r]);
+        for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+        int64_t u = base / BNB8_SUMSQ_UNIT + (threadIdx.x / 32) * R + r;
+        if (threadIdx.x % 32 == 0 && u * BNB8_SUMSQ_UNIT < t.n) t.units[u] = v;
+    }
+}
+// The fast flash layout: lane l holds R consecutive quads, k = R l + r of its warp's 32 R; the
+// butterfly's partners k ^ d are lane l ^ (d / R) for d >= R, else quad r ^ d of the same lane.
+template <int R> __device__ void bnb8_sumsq_lanes(const bnb8_gpu_tensor &t, int64_t base, const float (*g)[4]) {
+    if (!t.units) return;
+    double v[R], w[R];
+    #pragma unroll
+    for (int r = 0; r < R; r++) v[r] = bnb8_sumsq_quad(g[r]);
+    #pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        #pragma unroll
+        for (int r = 0; r < R; r++) w[r] = d >= R ? v[r] + __shfl_xor_sync(0xffffffffu, v[r], d / R) : v[r] + v[r ^ (d < R ? d : 0)];
+        #pragma unroll
+        for (int r = 0; r < R; r++) v[r] = w[r];
+    }
+    const int lane = threadIdx.x % 32;
+    int64_t u = base / BNB8_SUMSQ_UNIT + (threadIdx.x / 32) * R + (R * lane) / 32;
+    if ((R * lane) % 32 == 0 && u * BNB8_SUMSQ_UNIT < t.n) t.units[u] = v[0];
+}
+// One block per tensor: strand = thread, then the warps' butterflies, then the 8 in order.
+__global__ void bnb8_sumsq_kernel(const bnb8_gpu_tensor *tensors) {
+    __shared__ double scratch[BNB8_WARPS];
+    const bnb8_gpu_tensor *t = &tensors[blockIdx.x];
+    if (!t->sum_squares) return;
+    const int64_t units = (t->n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT;
+    double acc = 0.0;
+    for (int64_t u = threadIdx.x; u < units; u += BNB8_SUMSQ_STRANDS) acc += t->units[u];
+    for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < BNB8_WARPS; w++) total += scratch[w];
+        *t->sum_squares = total;
     }
 }
 
@@ -696,6 +749,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
         else bnb8_load4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
         bnb8_load4(t.grad, t.grad_dtype, i, FULL ? INT64_MAX : n, vec, g[r]);
     }
+    if (PASS != BNB8_PASS_MAX) bnb8_sumsq_rows<R>(t, base, g);
     #pragma unroll
     for (int k = 0; k < S; k++) {
         if (k >= nstates) continue;
@@ -923,6 +977,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
         if (cb == 2) bnb8_load_bits4(t.correction, i, lim, vec, corr[r]);
         bnb8_load4(t.grad, gdt, i, lim, vec, g[r]);
     }
+    if (!DEF) bnb8_sumsq_rows<R>(t, base, g);   // DEF: the fast path's fallback, which summed already
     #pragma unroll
     for (int k = 0; k < S; k++) {
         if (k >= nstates) continue;
@@ -1105,6 +1160,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
     }
     #pragma unroll
     for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_e6m10_to_f32(scales[k][o / BNB8_FLASH_GROUP]) : 0.0f;
+    bnb8_sumsq_lanes<R>(t, base, g);
     if (next) {                  // the same elements of the next chunk (a full one of this tensor)
         bnb8_prefetch(param + o + R * BNB8_ROW);
         bnb8_prefetch(grad + o + R * BNB8_ROW);
@@ -1371,6 +1427,7 @@ extern "C" void bnb8_cuda_context_free(void *context) {
     cudaFree(c->norms);
     cudaFree(c->tensor_max);
     cudaFree(c->nonfinite);
+    cudaFree(c->units);
     free(c);
 }
 
@@ -1483,7 +1540,19 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
         t[i].first_chunk = chunks;
         chunks += (t[i].n + chunk - 1) / chunk;
     }
-    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks;
+    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks, units = 0;
+    for (int i = 0; i < count; i++) units += t[i].sum_squares ? (t[i].n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
+    if (units > c->units_capacity) {
+        cudaFree(c->units);
+        c->units = NULL;
+        c->units_capacity = 0;
+        if ((status = bnb8_cuda_status(fn, cudaMalloc(&c->units, sizeof(double) * (size_t)units)))) return status;
+        c->units_capacity = units;
+    }
+    for (int64_t i = 0, u = 0; i < count; i++) {
+        t[i].units = t[i].sum_squares ? c->units + u : NULL;
+        u += t[i].sum_squares ? (t[i].n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
+    }
     h->total_chunks = chunks;
     h->count = count;
     h->blocked = blocked;
@@ -1522,6 +1591,7 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
             status = bnb8_cuda_status(fn, cudaGetLastError());
         }
     }
+    if (!status && units > 0) bnb8_sumsq_kernel<<<count, BNB8_THREADS, 0, stream>>>(dt);
     if (status) return status;
     return bnb8_cuda_status(fn, cudaGetLastError());
 }

@@ -101,9 +101,10 @@ static const char *master_name(const Layout *l) {
 
 // The optimizer's tensors, registered in parameter order. Under gradient release each per-layer
 // tensor is registered as L slices, "qkvw.0" .. "qkvw.L-1", so that a layer's slices can be stepped
-// as soon as backward has its gradients.
+// as soon as backward has its gradients; so is it under the prev clipping rule, whose norm sums the
+// optimizer's per-tensor sums: the same tensors make the same bits with release and without.
 static int64_t tensor_slices(const Trainer *t, int i) {
-    return t->a.release && gpt2_param_is_layer(i) ? t->model.config.num_layers : 1;
+    return (t->a.release || t->rule == CLIP_PREV) && gpt2_param_is_layer(i) ? t->model.config.num_layers : 1;
 }
 // The optimizer id of slice l of tensor i.
 static int optimizer_id(const Trainer *t, int i, int64_t l) {
@@ -133,8 +134,9 @@ static int optimizer_build(Trainer *t) {
     cfg.format = r->states;
     if (r->states == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = t->a.blocksize; }
     cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
+    cfg.sum_squares = t->rule == CLIP_PREV;         // the norm the next step clips with
     if (t->oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
-    size_t es = bnb8_dtype_size(lay->weights);
+    size_t es = bnb8_dtype_size(lay->weights), gs = bnb8_dtype_size(lay->grads);
     if (bnb8_optimizer_create(&t->opt, t->oc->kind, &cfg)) return train_fail("optimizer: %s", bnb8_last_error());
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         t->state_bytes[i] = 0.0;
@@ -156,7 +158,8 @@ static int optimizer_build(Trainer *t) {
             int id = -1;
             char *param = (char *)t->param[i] + es * (size_t)(l * n);
             // a tensor's gradients; under release, the one slice every layer's gradients pass through
-            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, t->grad[i], lay->grads, n, &id))
+            char *grad = (char *)t->grad[i] + (t->a.release ? 0 : gs * (size_t)(l * n));
+            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, grad, lay->grads, n, &id))
                 return train_fail("optimizer: %s", bnb8_last_error());
             // bf16 weights: bf16 + master of the fp32 weights (fp32 ones already are the weights)
             if (lay->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n))
@@ -184,6 +187,8 @@ static int export_masters(const Trainer *t, float *out) {
 // the states and, from a checkpoint of trainer state version 2, every weight, which must then be finite.
 static int optimizer_open(Trainer *t) {
     if (optimizer_build(t)) return -1;
+    if (t->rule == CLIP_PREV && !(t->sums = (double *)malloc(sizeof(double) * (size_t)bnb8_optimizer_count(t->opt))))
+        return train_fail("out of memory");
     if (t->start > 0) {
         char path[TRAIN_PATH_MAX], where[160];
         checkpoint_path(path, sizeof path, t->a.out_dir, "optim", t->start, ".bin");
@@ -207,10 +212,24 @@ static int optimizer_open(Trainer *t) {
 }
 
 // gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
-// the norm of their mean: the mean, clipped at clip (0 = off).
+// the norm of their mean: the mean, clipped at clip (0 = off; a NAN norm, none known: not clipped).
 float step_scale(double norm, float clip, int64_t accum) {
     float scale = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
     return scale / (float)accum;
+}
+
+// The norm a step clips with: this step's (exact) or the previous step's (prev).
+static double clip_norm(const Trainer *t, double norm) { return t->rule == CLIP_PREV ? t->prev_norm : norm; }
+
+// CLIP_PREV, after a step: the norm of this step's mean gradient from the optimizer's per-tensor
+// sums of g^2 (of the gradients it read), summed in tensor order; the next step clips with it.
+static int prev_rule_norm(Trainer *t, double *norm) {
+    int count = bnb8_optimizer_count(t->opt);
+    if (bnb8_optimizer_sum_squares(t->opt, t->sums)) return train_fail("gradient norm: %s", bnb8_last_error());
+    double total = 0.0;
+    for (int i = 0; i < count; i++) total += t->sums[i];
+    *norm = sqrt(total) / (double)t->a.accum;
+    return 0;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -225,7 +244,7 @@ void train_args_default(TrainArgs *a) {
     a->out_dir = "";
     a->B = 8; a->T = 64; a->steps = 150; a->accum = 1;
     a->lr = 0.0f; a->weight_decay = -1.0f;
-    a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f;
+    a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f; a->clip_rule = -1;
     a->recipe = "8bit"; a->optimizer = "adamw";
     a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256;
     a->stable_embedding = -1;
@@ -260,7 +279,7 @@ void usage(FILE *f) {
         "  -K <int>    8bit, 8bit-int8: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
         "  -P <name>   model: bf16 | fp32 (the parity model: fp32 weights and gradients, no master)  (default bf16)\n"
-        "  -R <0|1>    gradient release (GPU, -g 0): each layer stepped inside backward, no gradient buffer (default 0)\n"
+        "  -R <0|1>    gradient release (GPU): each layer stepped inside backward, no gradient buffer (default 0)\n"
         "  -C <0|1>    GPU: recompute each layer's activations in backward (less memory, one more forward) (default 0)\n"
         "  -w <0|1>    StableEmbedding: layernorm after the token embedding, Xavier init, 32-bit state for wte\n"
         "              (default: on for a descriptor, as recorded in a .bin model)\n"
@@ -273,6 +292,9 @@ void usage(FILE *f) {
         "  -q <float>  final learning rate, fraction of -l (default %g)\n"
         "  -c <float>  weight decay on matrices (default per optimizer: adamw %g, lion %g, sgd %g)\n"
         "  -g <float>  clip the global gradient norm at this, 0 = off (default %g)\n"
+        "  -N <rule>   the norm -g clips with: exact (this step's, formed after backward; not with -R 1) | prev\n"
+        "              (the previous step's, summed by the optimizer as it reads gradients: no extra pass, works\n"
+        "              with -R 1; step 1 is not clipped) (default: prev with -R 1, else exact)\n"
         "  -v <int>    evaluate the validation loss every this many steps and at the end, 0 = never (default %lld)\n"
         "  -m <int>    at most this many validation batches, 0 = all of the file's (default %lld)\n"
         "  -s <int>    print a sample every this many steps, 0 = only at the end (default %lld)\n"
@@ -287,8 +309,8 @@ void usage(FILE *f) {
         "  -F <name>   -X's format: bf16 (version 5, llm.c's default build) | fp32 (version 3, PRECISION=FP32)\n"
         "              (default bf16)\n"
         "  -h          this text\n"
-        "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -g 0 (release by default for\n"
-        "flash only) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
+        "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -N prev (release by default for\n"
+        "flash, unless -N exact) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
         "A training loss that is not finite, or a skipped update, %d steps in a row stops the run (exit 1).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
@@ -325,7 +347,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxdXF", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -366,6 +388,11 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'q': st = parse_float(f, v, 0.0, 1.0, &a->final_lr_frac); break;
         case 'c': st = parse_float(f, v, 0.0, 1e3, &a->weight_decay); break;
         case 'g': st = parse_float(f, v, 0.0, 1e9, &a->grad_clip); break;
+        case 'N':
+            if (strcmp(v, "exact") == 0) a->clip_rule = CLIP_EXACT;
+            else if (strcmp(v, "prev") == 0) a->clip_rule = CLIP_PREV;
+            else st = train_fail("-N: unknown clipping rule '%s' (exact, prev)", v);
+            break;
         case 'v': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->eval_every); break;
         case 'm': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->val_batches); break;
         case 's': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->sample_every); break;
@@ -386,12 +413,11 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
 }
 
 // On the GPU, what `make train` shows by default: GPT-2 124M with the flash recipe and gradient
-// release, B=16 x T=1024 (flags given on the command line win).
+// release (clipped with the previous step's norm), B=16 x T=1024 (flags given on the command line win).
 void apply_gpu_defaults(TrainArgs *a, const char given[128]) {
     if (!given['e']) a->model = "d12";
     if (!given['r']) a->recipe = "flash";
-    if (!given['R']) a->release = strcmp(a->recipe, "flash") == 0 && (!given['g'] || a->grad_clip == 0.0f);
-    if (!given['g'] && a->release) a->grad_clip = 0.0f;
+    if (!given['R']) a->release = strcmp(a->recipe, "flash") == 0 && a->clip_rule != CLIP_EXACT;
     if (!given['b']) a->B = 16;
     if (!given['t']) a->T = 1024;
     if (!given['n']) a->steps = 200;
@@ -416,7 +442,8 @@ int state_writer(FILE *f, const void *state) {
     int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
                               s->recipe, s->optimizer, c->stable_embedding, (int64_t)s->seed, s->steps, s->release,
                               s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
-                              c->num_layers, c->num_heads, c->channels, s->opt_steps};
+                              c->num_layers, c->num_heads, c->channels, s->opt_steps, s->clip_rule};
+    memcpy(&w[23], &s->prev_norm, sizeof(double));
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
@@ -426,7 +453,9 @@ int state_writer(FILE *f, const void *state) {
 int state_load(TrainerState *s, const char *path) {
     FILE *f = open_input(path, "trainer state");
     if (!f) return -1;
-    int64_t w[STATE_WORDS] = {0}, size;
+    int64_t w[STATE_WORDS] = {0}, size;   // version 1 (16 words): the exact rule, no norm (word 23 NaN)
+    double none = NAN;
+    memcpy(&w[23], &none, sizeof none);
     int status = file_size_of(f, path, &size);
     if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
     int64_t words = w[1] == 1 ? 16 : STATE_WORDS;   // by the version, when the file has one
@@ -444,18 +473,22 @@ int state_load(TrainerState *s, const char *path) {
     s->version = w[1];
     s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
-    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21];
+    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
+    memcpy(&s->prev_norm, &w[23], sizeof(double));
     // each field against its range, the message naming the first that is out of it
     const struct { const char *name; int64_t v, lo, hi; } f_[] = {
         {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
         {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
         {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
-        {"optimizer steps", s->opt_steps, 0, s->step}, {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
+        {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_PREV},
+        {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
     size_t last = sizeof f_ / sizeof f_[0] - 1;
     for (size_t i = 0; i <= last; i++)
         if (f_[i].v < f_[i].lo || f_[i].v > f_[i].hi || (i == last && f_[i].v != 0 && f_[i].v != 2 && f_[i].v != 4))
             return train_fail("%s: inconsistent trainer state: %s is %lld, expected %s%lld..%lld", path, f_[i].name,
                               (long long)f_[i].v, i == last ? "0, 2 or 4 in " : "", (long long)f_[i].lo, (long long)f_[i].hi);
+    if (!(isnan(s->prev_norm) || s->prev_norm >= 0.0))
+        return train_fail("%s: inconsistent trainer state: the previous step's norm is %g", path, s->prev_norm);
     int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
     int shape_ok = 1;
     for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
@@ -655,17 +688,23 @@ static double cpu_grad_norm(const float *g, int64_t n) {
     return sqrt(total);
 }
 
+// exact: the norm of the fp32 gradients first, a step skipped when it is not finite. prev: the
+// optimizer steps at once (non-finite elements are left unchanged and counted, as under release),
+// and sums the norm of the gradients it read (bf16 ones for bf16 weights).
 static int cpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     if (train_after_backward) train_after_backward(&t->model, t->grads, t->opt, t->step);
-    *norm = cpu_grad_norm(t->grads, t->model.num_parameters) / (double)t->a.accum;
-    *skipped = !isfinite(*norm);
-    if (*skipped) return 0;
+    *skipped = 0;
+    if (t->rule == CLIP_EXACT) {
+        *norm = cpu_grad_norm(t->grads, t->model.num_parameters) / (double)t->a.accum;
+        *skipped = !isfinite(*norm);
+        if (*skipped) return 0;
+    }
     int bf16 = t->lay.weights == BNB8_BF16;
-    if (bf16) cpu_round_grads(t);   // the norm is the fp32 gradients'
-    if (bnb8_optimizer_step(t->opt, lr, step_scale(*norm, t->a.grad_clip, t->a.accum), NULL))
+    if (bf16) cpu_round_grads(t);
+    if (bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), NULL))
         return train_fail("optimizer step: %s", bnb8_last_error());
     if (bf16) cpu_widen_weights(t);
-    return 0;
+    return t->rule == CLIP_PREV ? prev_rule_norm(t, norm) : 0;
 }
 
 static int cpu_eval(Trainer *t, const int *inputs, const int *targets, float *loss) {
@@ -782,7 +821,7 @@ static void gpu_note_memory(Gpu *g) {
 // Gradient release: backward calls this as each group's gradients become final (the final
 // LayerNorm, then layer L-1 .. 0, then the embeddings); their tensors are stepped right there, on
 // the model's stream, before backward overwrites the shared slices with the next layer's.
-typedef struct { Trainer *t; float lr; } ReleaseStep;
+typedef struct { Trainer *t; float lr, scale; } ReleaseStep;
 static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
     const ReleaseStep *r = (const ReleaseStep *)ctx;
     const Trainer *t = r->t;
@@ -795,13 +834,14 @@ static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
         int k = which == GPT2_GRADS_LNF ? 2 : 4;
         for (int j = 0; j < k; j++) if (t->model.param_sizes[list[j]]) ids[count++] = optimizer_id(t, list[j], 0);
     }
-    return bnb8_optimizer_step_tensors(t->opt, ids, count, r->lr, 1.0f, stream) ? 1 : 0;
+    return bnb8_optimizer_step_tensors(t->opt, ids, count, r->lr, r->scale, stream) ? 1 : 0;
 }
 
-// Waits for the loss; with release each layer is stepped inside backward (at lr).
+// Waits for the loss; with release each layer is stepped inside backward (at lr, clipped with the
+// previous step's norm: check_settings allows only that rule with release).
 static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int accumulate, float lr, float *loss) {
     Gpu *g = &t->gpu;
-    ReleaseStep r = {t, lr};
+    ReleaseStep r = {t, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum)};
     if (gpt2_cuda_forward(g->model, inputs, targets, (int)t->a.B, (int)t->a.T, 1) ||
         gpt2_cuda_backward(g->model, &g->grads, accumulate, t->a.release ? gpu_grads_ready : NULL, &r))
         return train_fail("GPU step: %s%s%s", gpt2_cuda_last_error(), t->a.release ? "; optimizer: " : "",
@@ -810,19 +850,22 @@ static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int
     return 0;
 }
 
-// Under release the layers were stepped in backward and no global norm is formed. Then the device
-// memory in use, once per step.
+// exact: the norm after backward, then one launch (skipped when the norm is not finite). prev: one
+// launch clipped with the previous norm, or under release the layers were stepped in backward; the
+// optimizer summed this step's norm as it read the gradients. Then the device memory in use.
 static int gpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     Gpu *g = &t->gpu;
     *norm = NAN;
     *skipped = 0;
-    if (!t->a.release) {
+    if (t->rule == CLIP_EXACT) {
         if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
         *norm /= (double)t->a.accum;
         *skipped = !isfinite(*norm);
-        if (!*skipped && bnb8_optimizer_step(t->opt, lr, step_scale(*norm, t->a.grad_clip, t->a.accum), gpt2_cuda_stream(g->model)))
-            return train_fail("optimizer step: %s", bnb8_last_error());
     }
+    if (!t->a.release && !*skipped &&
+        bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), gpt2_cuda_stream(g->model)))
+        return train_fail("optimizer step: %s", bnb8_last_error());
+    if (t->rule == CLIP_PREV && prev_rule_norm(t, norm)) return -1;
     gpu_note_memory(g);
     return 0;
 }
@@ -915,14 +958,18 @@ static int check_settings(Trainer *t) {
         return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit or 8bit-int8");
     if (a->recompute && !on_gpu)
         return train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
-    if (a->release) {   // each layer is stepped inside backward: no global norm exists before its step
+    t->rule = a->clip_rule >= 0 ? a->clip_rule : a->release ? CLIP_PREV : CLIP_EXACT;
+    if (a->clip_rule < -1 || a->clip_rule > CLIP_PREV) return train_fail("unknown clipping rule %d", a->clip_rule);
+    if (a->release) {   // each layer is stepped inside backward: this step's global norm comes after
         const char *why = !on_gpu ? "runs on the GPU only (-D gpu)"
-                        : a->grad_clip > 0.0f ? "steps each layer inside backward, before a global gradient norm "
-                                                "exists: turn clipping off (-g 0)"
+                        : t->rule == CLIP_EXACT && a->grad_clip > 0.0f
+                            ? "steps each layer inside backward, before this step's global gradient norm exists: "
+                              "clip with the previous step's (-N prev) or not at all (-g 0)"
                         : a->accum > 1 ? "steps each layer inside backward, so gradients cannot accumulate over "
                                          "micro-batches: use -A 1" : NULL;
         if (why) return train_fail("gradient release (-R 1) %s", why);
     }
+    t->prev_norm = NAN;
     return 0;
 }
 
@@ -939,6 +986,10 @@ static int resume_state(Trainer *t) {
         return train_fail("%s: the trainer state of step %lld: files of different checkpoints", path, (long long)st->step);
     t->damaged = 0;
     int ri = (int)(t->recipe - recipes), oi = (int)(t->oc - optimizers);
+    if (st->clip_rule != t->rule)
+        return train_fail("%s: the checkpoint was made with clipping rule %s, this run asks for %s (-N)", path,
+                          st->clip_rule == CLIP_PREV ? "prev" : "exact", t->rule == CLIP_PREV ? "prev" : "exact");
+    t->prev_norm = st->prev_norm;
     if (st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
         st->release != a->release || st->accum != a->accum)
         return train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
@@ -1086,6 +1137,7 @@ int trainer_open(Trainer *t, const TrainArgs *a) {
 void trainer_free(Trainer *t) {
     if (t->lock_fd > 0) close(t->lock_fd);   // releases the -o directory's lock
     bnb8_optimizer_free(t->opt);
+    free(t->sums);
     if (t->dev) t->dev->close(t);
     loader_free(&t->loader);
     tokenizer_free(&t->tok);
@@ -1220,9 +1272,9 @@ static void print_banner(Trainer *t) {
     if (r->states == BNB8_STATE_8BIT && a->blocksize) printf(" (%s map, blocks of %lld)", map, (long long)a->blocksize);
     if (r->states == BNB8_STATE_8BIT && !a->blocksize) printf(" (%s map, one absmax per tensor)", map);
     printf("\n");
-    printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g\n",
+    printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g (%s)\n",
            t->oc->name, (double)t->lr, (long long)a->warmup, (double)(t->lr * a->final_lr_frac), (double)t->wd,
-           (double)a->grad_clip);
+           (double)a->grad_clip, t->rule == CLIP_PREV ? "prev: the previous step's norm" : "exact: this step's norm");
     char micro[64] = "";
     if (a->accum > 1) snprintf(micro, sizeof micro, ", %lld micro-batches per step", (long long)a->accum);
     if (t->end > t->start)
@@ -1285,7 +1337,7 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
-                         bnb8_optimizer_steps(t->opt, 0)};
+                         bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm};
     float *masters;
     if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
     if (a->verbose)
@@ -1329,7 +1381,12 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         float step_lr = lr_schedule(a, t->lr, s), loss = 0.0f;
         int skipped = 0;
         t->step = s;
+        double prev = t->prev_norm;
         if (train_step(t, step_lr, &loss, &norm, &skipped)) return -1;
+        double with = t->rule == CLIP_PREV ? prev : norm;   // the norm this step clipped with
+        int clipped = !skipped && a->grad_clip > 0.0f && with > a->grad_clip;
+        res->clipped_steps += clipped;
+        if (t->rule == CLIP_PREV) t->prev_norm = norm;
         if (skipped) {
             res->skipped_steps++;
             if (a->verbose)
@@ -1341,9 +1398,13 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         if (s == t->start + 1) pr->first_loss = loss;
         pr->last_loss = loss;
         if (res->losses) res->losses[s - 1] = loss;
+        if (res->norms) res->norms[s - 1] = norm;
         if (a->verbose) {
-            printf("step %5lld/%lld | loss %.4f | lr %.3e | norm %6.3f | %7.1f ms | %7.0f tok/s\n", (long long)s,
-                   (long long)a->steps, (double)loss, (double)step_lr, norm, 1e3 * dt, (double)(a->B * a->T * a->accum) / dt);
+            char rule[48] = "";
+            if (t->rule == CLIP_PREV) snprintf(rule, sizeof rule, " (prev %6.3f)", with);
+            printf("step %5lld/%lld | loss %.4f | lr %.3e | norm %6.3f%s%s | %7.1f ms | %7.0f tok/s\n", (long long)s,
+                   (long long)a->steps, (double)loss, (double)step_lr, norm, rule, clipped ? " clipped" : "", 1e3 * dt,
+                   (double)(a->B * a->T * a->accum) / dt);
             fflush(stdout);
         }
         bad_steps = isfinite(loss) && !skipped ? 0 : bad_steps + 1;
@@ -1409,13 +1470,17 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
     printf("\n");
     if (res->skipped_steps)
         printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);
+    if (a->grad_clip > 0.0f)
+        printf("clip     at %g with %s: %lld of %lld steps clipped\n", (double)a->grad_clip,
+               t->rule == CLIP_PREV ? "the previous step's norm (prev)" : "this step's norm (exact)",
+               (long long)res->clipped_steps, (long long)(t->end - t->start));
     if (a->gen_tokens > 0) print_sample(t);
 }
 
 int train_run(const TrainArgs *a, TrainResult *res) {
     TrainResult dummy = {0};
     if (!res) res = &dummy;
-    res->first_step = res->last_step = res->skipped_steps = res->on_gpu = 0;
+    res->first_step = res->last_step = res->skipped_steps = res->clipped_steps = res->on_gpu = 0;
     res->first_loss = res->last_loss = res->val_loss = NAN;
     res->tokens_per_second = 0.0;
     res->checkpoint_bytes = 0;

@@ -61,6 +61,7 @@ typedef struct {
     int64_t warmup;           // linear warm-up steps, then cosine decay to final_lr_frac * lr
     float final_lr_frac;
     float grad_clip;          // global gradient norm clip (0 = off)
+    int clip_rule;            // the norm grad_clip clips with: CLIP_EXACT, CLIP_PREV, or -1: prev under release, else exact
     const char *recipe, *optimizer;
     int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
     int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
@@ -80,6 +81,7 @@ typedef struct {
 
 typedef struct {
     float *losses;            // optional, (steps): train loss of step s at [s-1]; steps not run are left
+    double *norms;            // optional, (steps): the norm of step s's mean gradient at [s-1] (NAN: none)
     float *final_params;      // optional, (final_params_count): the fp32 masters at the end
     int64_t final_params_count;
     int64_t first_step, last_step;     // the steps this call ran
@@ -87,6 +89,7 @@ typedef struct {
     double tokens_per_second;
     bnb8_memory memory;
     int64_t skipped_steps;    // steps whose gradient had a NaN or Inf: no update made
+    int64_t clipped_steps;    // steps whose gradients were scaled down by the clip
     int on_gpu;               // the run trained on the GPU
     double gpu_computed, gpu_measured;   // GPU: device bytes the report computes, and measures
     int64_t checkpoint_bytes; // the last checkpoint this call wrote (its files' sizes), or 0
@@ -99,8 +102,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]);
 // On the GPU, the flags left out take the GPU's defaults (d12, flash + release, B=16, T=1024, ...).
 void apply_gpu_defaults(TrainArgs *a, const char given[128]);
 void usage(FILE *f);
-// gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
-// the norm of their mean: 1 / accum, times clip / norm when norm > clip (clip 0 = off).
+// gnorm_scale of a step: 1/accum, times clip/norm when norm > clip > 0 (a NAN norm: none known, no clip).
 float step_scale(double norm, float clip, int64_t accum);
 // Learning rate of step s (1-based): linear warm-up, then cosine from lr to final_lr_frac * lr.
 float lr_schedule(const TrainArgs *a, float lr, int64_t s);
@@ -117,8 +119,11 @@ int gpu_available(void);
 // model_s.bin (the fp32 masters) and a version 1 optimizer file; they still resume. DESIGN.md §8.4.
 // The trainer state file: STATE_WORDS little-endian int64 (version 1: 16), magic and version first.
 #define STATE_MAGIC 20251122
-#define STATE_VERSION 2
+#define STATE_VERSION 2           // version 1: 16 words, the weights in the model file, read as the exact rule
 #define STATE_WORDS 32
+// Clipping rules (-N): this step's global norm, formed after backward; the previous step's, summed
+// by the optimizer as it read that step's gradients (works with gradient release).
+enum { CLIP_EXACT = 0, CLIP_PREV = 1 };
 typedef struct {
     int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
     uint64_t rng, seed;
@@ -130,6 +135,9 @@ typedef struct {
     GPT2Config config;        // the model's shape (version 2, words 15..20)
     int64_t opt_steps;        // every optimizer tensor's step count (version 2, word 21): the optimizer
                               // file must match it (files of different steps are not one checkpoint)
+    int64_t clip_rule;        // CLIP_EXACT or CLIP_PREV (word 16)
+    double prev_norm;         // CLIP_PREV: the norm of this step's mean gradient, which the next step
+                              // clips with; NAN: none (word 17, the double's bits)
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
@@ -211,6 +219,9 @@ struct Trainer {
     Rng rng;                          // sampling
     int64_t start, end, step;         // this call runs steps start+1 .. end; step is the one running
     TrainerState resumed;             // the checkpoint's trainer state (start > 0)
+    int rule;                         // the clipping rule in use (CLIP_EXACT, CLIP_PREV)
+    double prev_norm;                 // CLIP_PREV: the previous step's norm (NAN: none yet, no clip)
+    double *sums;                     // CLIP_PREV: (optimizer count) bnb8_optimizer_sum_squares
     // the CPU row: fp32 gradients; for bf16 weights the persistent bf16 weights and gradients
     // (model.params_memory and grads are then the fp32 working copies)
     float *grads;

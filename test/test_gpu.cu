@@ -208,6 +208,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         int b = bnb8_optimizer_add(gpu, name, t[i].p_gpu, pdtype, t[i].g_gpu, gdtype, sizes[i], NULL);
         EXPECT(a == 0 && b == 0, "add: %s", bnb8_last_error());
     }
+    int sums_equal = 1;
     for (int step = 1; step <= steps; step++) {
         for (size_t i = 0; i < t.size(); i++) {
             fill_random(t[i].g_cpu.data(), gdtype, t[i].n, 0.01f * (1.0f + (step % 7 == 0) * 50.0f));
@@ -231,6 +232,16 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         } else {
             EXPECT(bnb8_optimizer_step(cpu, lr, gnorm_scale, NULL) == 0, "cpu: %s", bnb8_last_error());
             EXPECT(bnb8_optimizer_step(gpu, lr, gnorm_scale, NULL) == 0, "gpu: %s", bnb8_last_error());
+        }
+        if (cfg.sum_squares) {   // cfg.sum_squares (bnb8.h [math.sumsq]): the same bits, every step
+            std::vector<double> sa(t.size(), -1.0), sb(t.size(), -2.0);
+            EXPECT(bnb8_optimizer_sum_squares(cpu, sa.data()) == 0 && bnb8_optimizer_sum_squares(gpu, sb.data()) == 0,
+                   "sum_squares: %s", bnb8_last_error());
+            if (memcmp(sa.data(), sb.data(), sizeof(double) * t.size()) != 0) sums_equal = 0;
+            for (size_t i = 0; i < t.size(); i++)
+                if (sa[i] != sb[i]) printf("      step %d tensor %zu (n %lld): sum of g^2 cpu %.17g gpu %.17g\n", step, i,
+                                           (long long)t[i].n, sa[i], sb[i]);
+            if (step == 1 && !(sa.back() > 0.0)) sums_equal = 0;
         }
     }
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -267,7 +278,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
     if (b) fclose(b);
     remove(path_cpu);
     remove(path_gpu);
-    *equal = files_equal && exports_equal;
+    *equal = files_equal && exports_equal && sums_equal;
     for (size_t i = 0; i < t.size(); i++) {   // after the save: it reads corrected weights from the GPU
         cudaFree(t[i].p_gpu);
         cudaFree(t[i].g_gpu);
@@ -287,6 +298,7 @@ static void test_optimizer_parity(void) {
                 cfg.format = (bnb8_state_format)format;
                 cfg.min_8bit_size = 0;           // 8-bit even for the tiny tensors: every tail path
                 cfg.weight_decay = 0.01f;
+                cfg.sum_squares = d != 2;        // the sums of g^2 as the update kernel reads g
                 if (kind == BNB8_SGD) cfg.nesterov = d == 1;
                 if (kind == BNB8_ADEMAMIX) { cfg.t_alpha = 50; cfg.t_beta3 = 50; }
                 bnb8_dtype gdtype = d == 0 ? BNB8_F32 : (d == 1 ? BNB8_BF16 : BNB8_F32);
@@ -340,6 +352,7 @@ static void test_flash_parity(void) {
         cfg.nesterov = c.nesterov;
         cfg.correction_bytes = c.correction;
         cfg.scale_dtype = c.scale;
+        cfg.sum_squares = 1;             // the fast path's lanes, its fallback, the exact chunks
         int equal = 0;
         double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3");
         const char *name = flash_kind_name(c.kind, c.nesterov);
@@ -357,6 +370,7 @@ static void test_flash_parity(void) {
         cfg.min_8bit_size = 0;
         cfg.weight_decay = 0.01f;
         cfg.nesterov = k == 3;
+        cfg.sum_squares = 1;             // 4-row chunks: the fast path's 16 elements per lane
         int equal = 0;
         double worst = optimizer_parity(kinds[k], cfg, BNB8_BF16, BNB8_BF16, sizes, steps(100), &equal, NULL, NULL, 1, 0.1f, 4096);
         const char *name = flash_kind_name(kinds[k], cfg.nesterov);
@@ -541,6 +555,7 @@ static void test_per_tensor_parity(void) {
             cfg.blocksize = 0;
             cfg.min_8bit_size = 0;
             cfg.weight_decay = 0.01f;
+            cfg.sum_squares = 1;         // summed in the store pass only (not twice)
             if (kind == BNB8_ADEMAMIX) { cfg.t_alpha = 50; cfg.t_beta3 = 50; }
             bnb8_dtype dtype = d ? BNB8_BF16 : BNB8_F32;
             int equal = 0;

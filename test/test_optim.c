@@ -1480,6 +1480,90 @@ static void test_per_tensor_threads(void) {
 
 // ------------------------------------------------------------------------------------------------
 
+// cfg.sum_squares: each tensor's sum of g^2 (finite elements only) equals the order bnb8.h
+// documents ([math.sumsq]), redone here, bit for bit, and a plain double sum within the recursive
+// summation bound (every term >= 0: each sum within (terms - 1) u S of the exact one, u = 2^-53). Off: 0. Sizes cover a
+// partial quad, a partial unit, several strands, and more units than strands.
+static double test_butterfly(double *v) {
+    for (int d = 16; d > 0; d >>= 1) {
+        double w[32];
+        for (int k = 0; k < 32; k++) w[k] = v[k] + v[k ^ d];
+        memcpy(v, w, sizeof w);
+    }
+    return v[0];
+}
+static double test_sumsq_order(const float *g, int64_t n) {
+    int64_t units = (n + 127) / 128;
+    double strand[256], total = 0.0;
+    for (int s = 0; s < 256; s++) {
+        strand[s] = 0.0;
+        for (int64_t u = s; u < units; u += 256) {
+            double v[32];
+            for (int q = 0; q < 32; q++) {
+                v[q] = 0.0;
+                for (int j = 0; j < 4; j++) {
+                    int64_t i = 128 * u + 4 * q + j;
+                    if (i < n && isfinite(g[i])) v[q] += (double)g[i] * g[i];
+                }
+            }
+            strand[s] += test_butterfly(v);
+        }
+    }
+    for (int w = 0; w < 8; w++) total += test_butterfly(strand + 32 * w);
+    return total;
+}
+static void test_sum_squares(void) {
+    const int64_t sizes[] = {3, 130, 5000, 256 * 128 * 3 + 77};
+    const int ns = 4;
+    test_rng rng = test_rng_new();
+    for (int dt = 0; dt < 2; dt++) {
+        bnb8_dtype gdt = dt ? BNB8_BF16 : BNB8_F32;
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+        c.sum_squares = 1;
+        bnb8_optimizer *opt = NULL;
+        EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+        if (!opt) return;
+        c.sum_squares = 0;
+        EXPECT(bnb8_optimizer_override(opt, "off", &c) == 0, "%s", bnb8_last_error());
+        float *p[5], *gf[5];
+        void *g[5];
+        for (int k = 0; k <= ns; k++) {
+            int64_t n = k < ns ? sizes[k] : 1000;
+            p[k] = (float *)calloc((size_t)n, sizeof(float));
+            gf[k] = (float *)malloc(sizeof(float) * (size_t)n);
+            g[k] = malloc(sizeof(float) * (size_t)n);
+            for (int64_t i = 0; i < n; i++) {
+                double x = test_randn(&rng) * (i % 7 == 0 ? 1e3 : i % 5 == 0 ? 1e-6 : 0.01);
+                if (i % 997 == 11) x = i % 2 ? INFINITY : NAN;
+                bnb8_store(g[k], gdt, i, (float)x);
+                gf[k][i] = bnb8_load(g[k], gdt, i);
+            }
+            EXPECT(bnb8_optimizer_add(opt, k < ns ? (char[2]){(char)('a' + k), 0} : "off", p[k], BNB8_F32, g[k], gdt, n, NULL) == 0,
+                   "%s", bnb8_last_error());
+        }
+        double out[5] = {-1, -1, -1, -1, -1};
+        EXPECT(bnb8_optimizer_sum_squares(opt, out) == 0 && out[0] == 0.0, "before a step: %g", out[0]);
+        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 0.5f, NULL) == 0, "%s", bnb8_last_error());
+        EXPECT(bnb8_optimizer_sum_squares(opt, out) == 0, "%s", bnb8_last_error());
+        for (int k = 0; k < ns; k++) {
+            double order = test_sumsq_order(gf[k], sizes[k]), plain = 0.0;
+            for (int64_t i = 0; i < sizes[k]; i++) if (isfinite(gf[k][i])) plain += (double)gf[k][i] * gf[k][i];
+            double bound = 2.0 * (double)sizes[k] * 0x1p-53 * plain;   // both sums within n u S of the exact one
+            EXPECT(memcmp(&out[k], &order, sizeof order) == 0, "%s n=%lld: %.17g, the documented order %.17g",
+                   dt ? "bf16" : "f32", (long long)sizes[k], out[k], order);
+            EXPECT(fabs(out[k] - plain) <= bound, "%s n=%lld: %.17g vs double %.17g (bound %.3g)", dt ? "bf16" : "f32",
+                   (long long)sizes[k], out[k], plain, bound);
+        }
+        EXPECT(out[ns] == 0.0, "sum_squares off: %g", out[ns]);
+        c.sum_squares = 2;
+        bnb8_optimizer *bad = NULL;
+        EXPECT(bnb8_optimizer_create(&bad, BNB8_ADAMW, &c) != 0 && strstr(bnb8_last_error(), "sum_squares"),
+               "sum_squares 2: '%s'", bnb8_last_error());
+        for (int k = 0; k <= ns; k++) { free(p[k]); free(gf[k]); free(g[k]); }
+        bnb8_optimizer_free(opt);
+    }
+}
+
 void tests_optim(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     for (int is_signed = 0; is_signed < 2; is_signed++) {
@@ -1506,6 +1590,7 @@ void tests_optim(void) {
     if (!mkdtemp(tmpdir)) { printf("test_optim: mkdtemp failed\n"); return; }
 
     test_run("optim: 32-bit vs double reference, all optimizers and dtypes", test_32bit_reference);
+    test_run("optim: sum_squares: the documented order bit for bit, a double sum within rounding", test_sum_squares);
     test_run("optim: 8-bit vs 32-bit free running, every optimizer (DESIGN.md §12)", test_8bit_vs_32bit);
     test_run("optim: one 8-bit step vs dequantize-update-requantize, all optimizers", test_8bit_one_step);
     test_run("optim: non-finite gradients keep params and states, and are counted", test_nonfinite);

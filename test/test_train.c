@@ -434,16 +434,17 @@ static int write_old_layout(const char *dir, const char *old, int64_t k, const G
 
 // Stop after k steps, resume: the later losses and the final weights equal an uninterrupted run's.
 // With old_layout, the checkpoint rewritten in the layout before P12 resumes the same; without its
-// model file it is refused, saying so.
-static void resume_case(const char *recipe, const char *optimizer, int stable, int old_layout) {
+// model file it is refused, saying so. rule: -N (-1: the default, exact without release).
+static void resume_case(const char *recipe, const char *optimizer, int stable, int old_layout, int rule) {
     const int64_t N = 12, K = 5;
     char dir_a[256], dir_b[256];
-    snprintf(dir_a, sizeof dir_a, "%s/run_a_%s_%s_%d", tdir, recipe, optimizer, stable);
-    snprintf(dir_b, sizeof dir_b, "%s/run_b_%s_%s_%d", tdir, recipe, optimizer, stable);
+    snprintf(dir_a, sizeof dir_a, "%s/run_a_%s_%s_%d_%d", tdir, recipe, optimizer, stable, rule);
+    snprintf(dir_b, sizeof dir_b, "%s/run_b_%s_%s_%d_%d", tdir, recipe, optimizer, stable, rule);
     TrainArgs a;
     tiny_args(&a, recipe, optimizer, N);
     a.stable_embedding = stable;
     a.eval_every = 4;
+    a.clip_rule = rule;
     GPT2Config c;
     gpt2_config_from_descriptor(&c, a.model);
     c.stable_embedding = stable;
@@ -507,6 +508,14 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
            recipe, optimizer, stable);
     EXPECT(memcmp(&ra.val_loss, &rb.val_loss, 4) == 0, "%s: val loss %.9g vs resumed %.9g", recipe, (double)ra.val_loss,
            (double)rb.val_loss);
+    if (rule == CLIP_PREV) {   // the rule acted, and the resumed run clipped with the checkpoint's norm
+        EXPECT(ra.clipped_steps > 0, "%s -N prev: no step clipped (the test would not see the rule)", recipe);
+        TrainArgs exact = a;
+        exact.clip_rule = CLIP_EXACT;
+        exact.steps = N + 5;
+        EXPECT(train_run(&exact, &rb) != 0 && strstr(train_error_text, "clipping rule"), "resume -N prev with exact: '%s'",
+               train_error_text);
+    }
     // The checkpoint of the stopped run is complete and the newest.
     EXPECT(checkpoint_latest(dir_b) == N, "newest checkpoint in %s is %lld", dir_b, (long long)checkpoint_latest(dir_b));
     // Asking to resume a finished run is an error that says so.
@@ -643,15 +652,17 @@ static void test_accumulation(void) {
 }
 
 static void test_resume(void) {
-    resume_case("fp32", "adamw", 0, 1);
-    resume_case("8bit", "adamw", 0, 1);
-    resume_case("8bit", "lion", 1, 0);
-    resume_case("fp32", "sgd", 1, 0);
-    resume_case("flash", "adamw", 0, 1);   // the final weights compared are the decoded fp32 masters
-    resume_case("flash", "lion", 1, 0);
-    resume_case("flash", "sgd", 0, 0);
-    resume_case("8bit-int8", "adamw", 0, 1);
-    resume_case("8bit-int8", "lion", 1, 0);
+    resume_case("fp32", "adamw", 0, 1, -1);
+    resume_case("8bit", "adamw", 0, 1, -1);
+    resume_case("8bit", "lion", 1, 0, -1);
+    resume_case("fp32", "sgd", 1, 0, -1);
+    resume_case("flash", "adamw", 0, 1, -1);   // the final weights compared are the decoded fp32 masters
+    resume_case("flash", "lion", 1, 0, -1);
+    resume_case("flash", "sgd", 0, 0, -1);
+    resume_case("8bit-int8", "adamw", 0, 1, -1);
+    resume_case("8bit-int8", "lion", 1, 0, -1);
+    resume_case("flash", "adamw", 0, 0, CLIP_PREV);   // the previous norm travels in the trainer state
+    resume_case("8bit", "adamw", 1, 0, CLIP_PREV);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -969,18 +980,18 @@ static void test_state_files(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d2c32h2v60t16");
     c.stable_embedding = 1;
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6, CLIP_PREV, 1.5}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
     uint8_t *d = slurp(good, &size);
     if (!d) { EXPECT(0, "cannot read %s", good); return; }
     // The words as DESIGN.md §8.5 lays them out.
-    int64_t w[32], want[22] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
-                               16, 60, 64, 2, 2, 32, 6};
+    int64_t w[32], want[24] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
+                               16, 60, 64, 2, 2, 32, 6, CLIP_PREV, 0x3ff8000000000000ll};   // 1.5's bits
     EXPECT(size == 256, "version 2 state file: %lld bytes, expected 256", (long long)size);
     if (size == 256) memcpy(w, d, 256);
-    for (int k = 0; k < 22 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
+    for (int k = 0; k < 24 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
     free(d);
     if (size != 256) return;
     // Every field refused by the loader, the checksum made right so that it is the field that fails.
@@ -990,7 +1001,8 @@ static void test_state_files(void) {
         {14, 3, "inconsistent", "3-byte weights"}, {14, 0, "inconsistent", "no weight size"},
         {9, 2, "inconsistent", "StableEmbedding 2"}, {19, 3, "bad model shape", "C not a multiple of NH"},
         {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"},
-        {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"}};
+        {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"},
+        {22, 2, "inconsistent", "clipping rule 2"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[32];
         memcpy(v, w, sizeof v);
@@ -1017,7 +1029,8 @@ static void test_state_files(void) {
     v[1] = 1; v[14] = 0; v[15] = 0;
     write_state_words(bad, v, 16, 0);
     EXPECT(state_load(&back, bad) == 0 && back.version == 1 && back.step == 7 && back.rng == s.rng && back.accum == 3 &&
-           back.weight_bytes == 0, "version 1 state file: %s", train_error_text);
+           back.weight_bytes == 0 && back.clip_rule == CLIP_EXACT && isnan(back.prev_norm),
+           "version 1 state file (the exact rule, no previous norm): %s", train_error_text);
     write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "oversized", "state: version 1 of 32 words");
     // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
     TrainArgs a;
@@ -1073,6 +1086,70 @@ static void test_fortunes_smoke(void) {
 }
 
 // Descriptors, flags, settings the trainer refuses, the schedule.
+// The prev clipping rule (-N prev). Its arithmetic: step_scale against a double computation, the
+// norm above, equal to and below the clip, none known (NAN), clipping off, two micro-batches. In a
+// run (8bit keeps fp32 gradients on the CPU, which the optimizer reads): each step's norm is the
+// double norm of the gradients the hook sees, within the summation bound; the steps clipped are
+// those whose previous step's norm exceeds the clip; step 1 is not clipped (its loss and step 2's
+// equal an unclipped run's, bit for bit: the per-layer slices the rule registers step the same).
+static double direct_norm[40];
+static void record_norm(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step) {
+    (void)opt;
+    double s = 0.0;
+    for (int64_t i = 0; i < m->num_parameters; i++) s += (double)grads[i] * grads[i];
+    direct_norm[step - 1] = sqrt(s);
+}
+static void test_clip_rule(void) {
+    const struct { double norm; float clip; int64_t accum; } c[] = {
+        {2.0, 1.0f, 1}, {1.0, 1.0f, 1}, {0.5, 1.0f, 1}, {NAN, 1.0f, 1}, {5.0, 0.0f, 1}, {3.0, 1.5f, 2}, {1.0000001, 1.0f, 1}};
+    for (int k = 0; k < (int)(sizeof c / sizeof c[0]); k++) {
+        double want = (c[k].clip > 0.0f && c[k].norm > (double)c[k].clip ? (double)(float)((double)c[k].clip / c[k].norm) : 1.0)
+                      / (double)c[k].accum;
+        float got = step_scale(c[k].norm, c[k].clip, c[k].accum);
+        EXPECT((double)got == (double)(float)want, "step_scale(%g, %g, %lld) = %.9g, expected %.9g", c[k].norm,
+               (double)c[k].clip, (long long)c[k].accum, (double)got, want);
+    }
+    EXPECT(step_scale(2.0, 1.0f, 1) == 0.5f && step_scale(1.0, 1.0f, 1) == 1.0f && step_scale(0.5, 1.0f, 1) == 1.0f,
+           "above / equal / below the clip");
+    const int64_t N = 30;
+    TrainArgs a;
+    tiny_args(&a, "8bit", "adamw", N);
+    a.grad_clip = 0.0f;
+    float l0[30], l1[30];
+    double norms[30], sorted[30];
+    TrainResult r0 = {0}, r1 = {0};
+    r0.losses = l0; r0.norms = sorted;
+    EXPECT(train_run(&a, &r0) == 0, "unclipped: %s", train_error_text);
+    for (int i = 1; i < N; i++)   // insertion sort: the unclipped run's median norm is the clip
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { double x = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = x; }
+    float clip = (float)sorted[N / 2];
+    a.clip_rule = CLIP_PREV;
+    r1.losses = l1; r1.norms = norms;
+    for (int i = 0; i < 40; i++) direct_norm[i] = NAN;
+    a.grad_clip = clip;   // inside the run's norms: some steps clipped, some not
+    train_after_backward = record_norm;
+    EXPECT(train_run(&a, &r1) == 0, "-N prev: %s", train_error_text);
+    train_after_backward = NULL;
+    int64_t n = 0, expected = 0;
+    GPT2Config cfg;
+    gpt2_config_from_descriptor(&cfg, a.model);
+    int64_t sizes[GPT2_NUM_PARAMS];
+    gpt2_param_sizes(&cfg, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
+    for (int s = 0; s < N; s++) {
+        double bound = 2.0 * (double)n * 0x1p-53 * direct_norm[s];   // sqrt halves the sums' relative bound
+        EXPECT(fabs(norms[s] - direct_norm[s]) <= bound, "step %d: norm %.17g, direct %.17g", s + 1, norms[s], direct_norm[s]);
+        if (s > 0) expected += direct_norm[s - 1] > (double)clip;
+    }
+    EXPECT(r1.clipped_steps == expected && expected > 0 && expected < N - 1, "%lld steps clipped, expected %lld of %lld",
+           (long long)r1.clipped_steps, (long long)expected, (long long)N);
+    EXPECT(memcmp(l0, l1, 2 * sizeof(float)) == 0, "steps 1-2 with -N prev: %.9g %.9g, unclipped %.9g %.9g", (double)l1[0],
+           (double)l1[1], (double)l0[0], (double)l0[1]);
+    EXPECT(memcmp(l0, l1, sizeof l0) != 0, "-N prev -g %g trained as unclipped", (double)clip);
+    if (tverbose) printf("    -N prev -g %.4f: %lld of %lld steps clipped; norms %.4f .. %.4f\n", (double)clip,
+                         (long long)r1.clipped_steps, (long long)N, norms[0], norms[N - 1]);
+}
+
 static void test_settings(void) {
     GPT2Config c;
     EXPECT(gpt2_config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
@@ -1125,7 +1202,15 @@ static void test_settings(void) {
            a.steps == 9 && a.B == 16 && a.T == 1024 && a.lr == 6e-4f, "GPU defaults with -r 8bit");
     parse_args(1, (char **)gpu_flags, &a, given);
     apply_gpu_defaults(&a, given);
-    EXPECT(strcmp(a.recipe, "flash") == 0 && a.release == 1 && a.grad_clip == 0.0f, "GPU defaults: flash + release");
+    EXPECT(strcmp(a.recipe, "flash") == 0 && a.release == 1 && a.grad_clip == 1.0f && a.clip_rule == -1,
+           "GPU defaults: flash + release, clipped (prev, check_settings's default under release)");
+    const char *exact[] = {"t", "-N", "exact"};
+    EXPECT(parse_args(3, (char **)exact, &a, given) == 0 && a.clip_rule == CLIP_EXACT, "-N exact: %s", train_error_text);
+    apply_gpu_defaults(&a, given);
+    EXPECT(a.release == 0, "GPU defaults with -N exact: no release");
+    const char *bad_rule[] = {"t", "-N", "maybe"};
+    EXPECT(parse_args(3, (char **)bad_rule, &a, given) < 0 && strstr(train_error_text, "exact, prev"), "-N maybe: '%s'",
+           train_error_text);
     // The ablations' options reach the optimizer: a linear map, one absmax per tensor (the state
     // file's records, checked by the library's tests, say which); only for the 8bit recipe.
     tiny_args(&a, "8bit", "adamw", 3);
@@ -1196,6 +1281,7 @@ void tests_train(void) {
     test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125 bytes/param",
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
+    test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: export to llm.c model files (fp32 v3, bf16 v5): layout, loss when loaded back", test_export);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
