@@ -333,7 +333,7 @@ static void test_memory_d12(void) {
         small_args(&a, recipe, "adamw", 12, 2);
         a.model = "d12"; a.B = 16; a.T = 1024;
         if (k >= 4) { a.release = 1; a.grad_clip = 0.0f; }
-        TrainResult r;
+        TrainResult r = {0};   // run() keeps r->norms: it must not be garbage
         const char *rel = k >= 4 ? " + release" : "";
         if (run(&a, NULL, NULL, 0, &r)) { EXPECT(0, "d12 %s%s", recipe, rel); continue; }
         bnb8_memory m = r.memory;
