@@ -23,7 +23,7 @@ common="-D $DEVICE -e $MODEL -r flash -p adamw -b $B -t $T -n $STEPS -l $LR -u 1
 run_one() {   # name flags seed gpu
     local log="$OUT/${1}_${MODEL}_lr${LR}_s$3.log"
     if grep -q '^speed' "$log" 2>/dev/null; then return 0; fi
-    { echo "# cmd $TRAINER -i $train -j $val $common $2"; echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)";
+    { echo "# cmd $TRAINER -i $train -j $val $common $2"; echo "# date $(date -u +%FT%TZ) gpu $(nvidia-smi --query-gpu=name --format=csv,noheader -i "$4" 2>/dev/null | head -1)"; echo "# commit ${EXP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}";
       CUDA_VISIBLE_DEVICES=$4 "$TRAINER" -i "$train" -j "$val" $common $2; } > "$log" 2>&1 || echo "failed: $log" >&2
 }
 gpus=($GPUS)
