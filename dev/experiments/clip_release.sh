@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 TRAIN.bin [VAL.bin]" >&2; exit 2; }
 train=$1; val=${2:-${1/train/val}}
 : "${TRAINER:=build/train_gpt2_8bit_cuda}" "${STEPS:=1500}" "${LR:=6e-4}" "${SEEDS:=1337 1 2}" "${GPUS:=0 1}"
-: "${DEVICE:=gpu}" "${MODEL:=d12}" "${B:=8}" "${T:=128}" "${OUT:=dev/experiments/logs/clip_release}"
+: "${DEVICE:=gpu}" "${MODEL:=d12}" "${B:=8}" "${T:=128}" "${OUT:=dev/experiments/clip_release_logs}"
 mkdir -p "$OUT"
 rel="-R 1"; [ "$DEVICE" = gpu ] || rel="-R 0"
 runs=()
