@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # The data (-i, -j): the study corpus that `make corpus` builds (dev/data/README.md).
 : "${EXP_TRAIN:=dev/data/corpus/corpus_train.bin}" "${EXP_VAL:=dev/data/corpus/corpus_val.bin}"
 : "${EXP_CLIP:=1}"                             # -g for every run except those that set it
-: "${EXP_RELEASE_CLIP:=0}"                     # -g of the gradient-release runs (the trainer needs 0 today)
+: "${EXP_RELEASE_CLIP:=1}"                     # -g of the gradient-release runs (clipped by the trainer's rule under release, -N)
 : "${EXP_TWINS:=flash}"                        # recipes whose release run gets a -g 0 twin without release
                                                # (only while EXP_RELEASE_CLIP is 0)
 : "${EXP_RUN_EST:=110}"                        # seconds a d12 run takes (EXP_END_AT: whether it still fits)

@@ -108,8 +108,9 @@ def study1(md, study='study1_recipes', use_spread=True):
     _, spread, _ = seed_spread() if use_spread else (None, None, None)
     md.append('Final val loss against fp32 with the same optimizer. Tolerance: the larger of the fp32 seed '
               'spread (max - min over study 3\'s seeds, AdamW) and 1% of the fp32 run\'s final val loss. '
-              'Every run clips as its `-g` says (commands below): the release runs (`-R 1`) cannot clip while '
-              'the trainer needs `-g 0` with release, and their `_g0` twins are the same runs without '
+              'Every run clips as its `-g` says (commands below); the release runs (`-R 1`) clip with the '
+              'trainer\'s rule under release (`-N`, on each log\'s optim line: this step\'s norm does not '
+              'exist yet when a layer is stepped), and `_g0` twins, where present, are unclipped runs without '
               'release.\n')
     if spread is None:
         md.append('No seed spread ' + ('yet (study 3 has fewer than 2 complete runs)' if use_spread else

@@ -12,10 +12,10 @@ for r in $RECIPES; do
     run $S "adamw_$r" -p adamw -r "$r"
 done
 run $S adamw_8bit_b2048 -p adamw -r 8bit -K 2048
-# Release steps each layer inside backward. Today the trainer then needs -g 0 (no global norm exists
-# yet when a layer is stepped): EXP_RELEASE_CLIP is the -g of these runs, so that a clipping rule that
-# works with release can be measured by setting it. While it is 0, the recipes in EXP_TWINS also get
-# a run with -g 0 and no release: the exact counterpart of the release run.
+# Release steps each layer inside backward, before this step's global norm exists: the trainer clips
+# these runs with its rule for release (-N, named on the log's optim line). EXP_RELEASE_CLIP is their
+# -g (default 1); at 0 the recipes in EXP_TWINS also get a run with -g 0 and no release: the exact
+# counterpart of the unclipped release run.
 for r in $RECIPES; do
     run $S "adamw_${r}_release" -p adamw -r "$r" -g "$EXP_RELEASE_CLIP" -R 1
     if [ "$EXP_RELEASE_CLIP" = 0 ] && [[ " $EXP_TWINS " == *" $r "* ]]; then
