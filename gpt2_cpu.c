@@ -696,32 +696,42 @@ int gpt2_params_nonfinite(const GPT2Config *c, const float *p, char *buf, size_t
 // Model file: header[2..7] = maxT, V, L, NH, C, Vp; version 3 = fp32, 5 = bf16 parameters, in
 // llm.c's order. bnb8 extension: header[8] = 1 when StableEmbedding's layernorm (lnew, lneb) follows
 // the 16 tensors (llm.c leaves header[8] at 0 and ignores what follows the tensors it reads).
+// The header of an open model file, every field and the file's size checked: the shape and the
+// bytes per parameter (4 or 2).
+static int model_header(FILE *f, const char *path, GPT2Config *c, int64_t *bytes_per) {
+    int32_t h[HEADER_INTS];
+    int64_t size;
+    if (read_header(f, path, "model", h, &size)) return -1;
+    if (h[0] != MODEL_MAGIC) return train_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], MODEL_MAGIC);
+    if (h[1] != 3 && h[1] != 5) return train_fail("%s: model file version %d, expected 3 (fp32) or 5 (bf16)", path, h[1]);
+    if (h[8] != 0 && h[8] != 1) return train_fail("%s: header[8] = %d, expected 0 or 1 (StableEmbedding flag)", path, h[8]);
+    GPT2Config hc = {h[2], h[3], h[7], h[4], h[5], h[6], h[8]};
+    *c = hc;
+    if (gpt2_config_check(c, path)) return -1;
+    *bytes_per = h[1] == 3 ? 4 : 2;
+    int64_t expected = 1024 + gpt2_num_parameters(c) * *bytes_per;
+    if (size != expected)   // checked before allocating: a bad header cannot ask for terabytes
+        return train_fail("%s: %s model file has %lld bytes, its header says %lld (maxT=%d V=%d L=%d NH=%d C=%d Vp=%d)",
+                          path, size < expected ? "truncated" : "oversized", (long long)size, (long long)expected,
+                          h[2], h[3], h[4], h[5], h[6], h[7]);
+    return 0;
+}
+
+int gpt2_load_config(GPT2Config *c, const char *path) {
+    FILE *f = open_input(path, "model");
+    if (!f) return -1;
+    int64_t bytes_per;
+    int status = model_header(f, path, c, &bytes_per);
+    fclose(f);
+    return status;
+}
+
 int gpt2_load(GPT2 *m, const char *path) {
     memset(m, 0, sizeof *m);
     FILE *f = open_input(path, "model");
     if (!f) return -1;
-    int32_t h[HEADER_INTS];
-    int64_t size;
-    int status = read_header(f, path, "model", h, &size);
-    if (!status && h[0] != MODEL_MAGIC)
-        status = train_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], MODEL_MAGIC);
-    if (!status && h[1] != 3 && h[1] != 5)
-        status = train_fail("%s: model file version %d, expected 3 (fp32) or 5 (bf16)", path, h[1]);
-    if (!status && h[8] != 0 && h[8] != 1)
-        status = train_fail("%s: header[8] = %d, expected 0 or 1 (StableEmbedding flag)", path, h[8]);
-    if (!status) {
-        GPT2Config c = {h[2], h[3], h[7], h[4], h[5], h[6], h[8]};
-        status = gpt2_config_check(&c, path);
-        m->config = c;
-    }
-    int64_t bytes_per = h[1] == 3 ? 4 : 2, expected = 0;
-    if (!status) {
-        expected = 1024 + gpt2_num_parameters(&m->config) * bytes_per;
-        if (size != expected)   // checked before allocating: a bad header cannot ask for terabytes
-            status = train_fail("%s: %s model file has %lld bytes, its header says %lld (maxT=%d V=%d L=%d NH=%d C=%d Vp=%d)",
-                                path, size < expected ? "truncated" : "oversized", (long long)size, (long long)expected,
-                                h[2], h[3], h[4], h[5], h[6], h[7]);
-    }
+    int64_t bytes_per = 0;
+    int status = model_header(f, path, &m->config, &bytes_per);
     if (!status) status = gpt2_alloc_params(m);
     if (!status && bytes_per == 4) {
         if (fread(m->params_memory, sizeof(float), (size_t)m->num_parameters, f) != (size_t)m->num_parameters)

@@ -114,6 +114,8 @@ int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed);
 // A model from an llm.c model file: fp32 (version 3) or bf16 (version 5), every field checked,
 // non-finite weights refused with the tensor's name.
 int gpt2_load(GPT2 *m, const char *path);
+// The shape of an llm.c model file, from its header (checked as gpt2_load does), no weights read.
+int gpt2_load_config(GPT2Config *c, const char *path);
 // Writes m's weights as an llm.c model file, atomically: fp32 version 3, or bf16 version 5.
 int gpt2_save(const GPT2 *m, const char *path, int bf16);
 // The same for fp32 weights held elsewhere (num_parameters of them, in the layout of c).

@@ -112,6 +112,16 @@ int tokens_check_vocab(const TokenFile *t, int V) {
     return 0;
 }
 
+int64_t tokens_digest(const TokenFile *t) {
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)t->count;
+    for (int64_t i = 0; i < t->count; i += 4) {
+        uint64_t w = 0;
+        for (int64_t k = 0; k < 4 && i + k < t->count; k++) w |= (uint64_t)t->tokens[i + k] << (16 * k);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    return h ? (int64_t)h : 1;
+}
+
 void tokenizer_free(Tokenizer *t) { free(t->data); free(t->offset); memset(t, 0, sizeof *t); }
 
 int tokenizer_load(Tokenizer *t, const char *path) {

@@ -50,6 +50,9 @@ typedef struct {
 int tokens_load(TokenFile *t, const char *path);
 // Refuses a file with a token outside a vocabulary of V, naming the first one.
 int tokens_check_vocab(const TokenFile *t, int V);
+// A 64-bit digest of every token (FNV-1a over 8-byte words), never 0: the trainer state records it,
+// so that a resume on other training data is refused.
+int64_t tokens_digest(const TokenFile *t);
 
 // Tokenizer file: header[2] = vocabulary size, header[3] = end-of-text id; then per token a length
 // byte (1..255) and its bytes, exactly to the end of the file.

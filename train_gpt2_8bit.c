@@ -301,8 +301,11 @@ void usage(FILE *f) {
         "  -G <int>    tokens per sample, 0 = none      (default %lld)\n"
         "  -k <int>    checkpoint every this many steps (and at the end) into -o (default %lld = end only)\n"
         "  -y <0|1>    resume from the newest complete checkpoint in -o (a damaged one: the one before); without\n"
-        "              it an -o that holds checkpoints is refused (default %d)\n"
-        "  -x <int>    stop after this step, checkpointing it; the schedule still spans -n (default off)\n"
+        "              it an -o that holds checkpoints is refused. The checkpoint's model, RNG and data position\n"
+        "              continue: an -e or -w of another model and an -i of other tokens are refused, -d is not\n"
+        "              used (default %d)\n"
+        "  -x <int>    stop after this step, checkpointing it into -o (needed); the schedule still spans -n; on\n"
+        "              resume, past the checkpoint's step (default off)\n"
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
         "  -X <file>   at the end, write the weights as an llm.c model file (-F); with -y 1 and the newest\n"
         "              checkpoint at or past -n (e.g. -n 1), that checkpoint's, without training (default none)\n"
@@ -357,7 +360,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'i': a->train_path = v; break;
         case 'j': a->val_path = v; break;
         case 'z': a->tokenizer_path = v; break;
-        case 'e': a->model = v; break;
+        case 'e': a->model = v; a->model_given = 1; break;
         case 'o': a->out_dir = v; break;
         case 'r': a->recipe = v; if (find_recipe(v) < 0) st = train_fail("-r: unknown recipe '%s' (%s)", v, RECIPE_NAMES); break;
         case 'p': a->optimizer = v; if (find_optimizer(v) < 0) st = train_fail("-p: unknown optimizer '%s' (adamw, lion, sgd)", v); break;
@@ -444,6 +447,8 @@ int state_writer(FILE *f, const void *state) {
                               s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
                               c->num_layers, c->num_heads, c->channels, s->opt_steps, s->clip_rule};
     memcpy(&w[23], &s->prev_norm, sizeof(double));
+    w[25] = s->train_tokens;
+    w[26] = s->train_digest;
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
@@ -475,12 +480,14 @@ int state_load(TrainerState *s, const char *path) {
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
     s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
     memcpy(&s->prev_norm, &w[23], sizeof(double));
+    s->train_tokens = w[25]; s->train_digest = w[26];
     // each field against its range, the message naming the first that is out of it
     const struct { const char *name; int64_t v, lo, hi; } f_[] = {
         {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
         {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
         {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
         {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_PREV},
+        {"training token count", s->train_tokens, 0, INT64_MAX},
         {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
     size_t last = sizeof f_ / sizeof f_[0] - 1;
     for (size_t i = 0; i <= last; i++)
@@ -943,6 +950,9 @@ static int check_settings(Trainer *t) {
         a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0)
         return train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
     if ((a->resume || a->ckpt_every) && !a->out_dir[0]) return train_fail("checkpoints and resume need an output directory (-o)");
+    if (a->stop_after && !a->out_dir[0])   // it would stop early and save nothing
+        return train_fail("-x %lld stops after that step to checkpoint it: it needs an output directory (-o) (to train "
+                          "fewer steps without checkpoints, lower -n)", (long long)a->stop_after);
     t->recipe = &recipes[ri];
     t->oc = &optimizers[oi];
     t->lr = a->lr > 0.0f ? a->lr : t->oc->lr;
@@ -1025,6 +1035,41 @@ static int resume_state(Trainer *t) {
     return 0;
 }
 
+// "L=12 C=768 NH=12 V=50257 (padded 50304) maxT=1024", for messages.
+static const char *shape_text(char *buf, size_t size, const GPT2Config *c) {
+    snprintf(buf, size, "L=%d C=%d NH=%d V=%d (padded %d) maxT=%d", c->num_layers, c->channels, c->num_heads,
+             c->vocab_size, c->padded_vocab_size, c->max_seq_len);
+    return buf;
+}
+
+// A resumed run continues its checkpoint's model, RNG and data position (DESIGN.md §8.4): an -e that
+// describes another model is refused (-w: open_model, as for a .bin model); a seed (-d) other than
+// the checkpoint's is noted; the training tokens (-i) are checked once loaded (open_data).
+static int check_resumed_model(Trainer *t) {
+    const TrainArgs *a = &t->a;
+    const GPT2Config *m = &t->model.config;
+    char have[128], want[128];
+    if (a->model_given) {
+        GPT2Config c;
+        size_t len = strlen(a->model);
+        int bin = len > 4 && strcmp(a->model + len - 4, ".bin") == 0;
+        if (bin ? gpt2_load_config(&c, a->model) : gpt2_config_from_descriptor(&c, a->model)) return -1;
+        if (c.max_seq_len != m->max_seq_len || c.vocab_size != m->vocab_size || c.padded_vocab_size != m->padded_vocab_size ||
+            c.num_layers != m->num_layers || c.num_heads != m->num_heads || c.channels != m->channels ||
+            (bin && c.stable_embedding != m->stable_embedding))
+            return train_fail("-e %s is %s%s; the checkpoint of step %lld in %s holds %s%s: a resumed run continues the "
+                              "checkpoint's model (leave -e out, or train the other model in another -o)", a->model,
+                              shape_text(want, sizeof want, &c), bin && c.stable_embedding ? " with StableEmbedding" : "",
+                              (long long)t->start, a->out_dir, shape_text(have, sizeof have, m),
+                              m->stable_embedding ? " with StableEmbedding" : "");
+    }
+    if (a->seed != t->resumed.seed && a->verbose)
+        printf("note: resuming: the random numbers continue from the checkpoint (its run's seed %llu); -d %llu is not "
+               "used\n", (unsigned long long)t->resumed.seed, (unsigned long long)a->seed);
+    t->a.seed = t->resumed.seed;   // the run's seed, which its next checkpoints record again
+    return 0;
+}
+
 // The batch against a model's shape, before the weights or any buffer of the batch are allocated:
 // T <= maxT, and activations within GPT2_MAX_ACT_BYTES (no size product can overflow then).
 static int check_batch(const TrainArgs *a, const GPT2Config *c) {
@@ -1048,22 +1093,25 @@ static int open_model(Trainer *t) {
     snprintf(t->model_path, sizeof t->model_path, "%s", a->model);
     size_t len = strlen(a->model);
     if (t->start > 0) {
-        if (resume_state(t)) return -1;
+        if (resume_state(t) || check_resumed_model(t)) return -1;
     } else if (len > 4 && strcmp(a->model + len - 4, ".bin") == 0) {
         if (gpt2_load(&t->model, a->model)) return -1;
-        if (a->stable_embedding >= 0 && a->stable_embedding != t->model.config.stable_embedding)
-            return train_fail("%s was made %s StableEmbedding; -w %d cannot change that (leave -w out)", a->model,
-                              t->model.config.stable_embedding ? "with" : "without", a->stable_embedding);
     } else {
         GPT2Config c;
         if (gpt2_config_from_descriptor(&c, a->model)) return -1;
         c.stable_embedding = a->stable_embedding != 0;
         if (check_batch(a, &c) || gpt2_init_random(&t->model, &c, a->seed)) return -1;
     }
+    if (a->stable_embedding >= 0 && a->stable_embedding != t->model.config.stable_embedding)   // a file's, or a checkpoint's
+        return train_fail("%s was made %s StableEmbedding; -w %d cannot change that (leave -w out)", t->model_path,
+                          t->model.config.stable_embedding ? "with" : "without", a->stable_embedding);
     if (check_batch(a, &t->model.config)) return -1;
     if (t->start >= a->steps && !a->export_path[0])   // -X exports the checkpoint as it is
         return train_fail("%s: the checkpoint is at step %lld, not before the last step %lld (raise -n)", a->out_dir,
                           (long long)t->start, (long long)a->steps);
+    if (a->stop_after > 0 && t->start >= a->stop_after && !a->export_path[0])
+        return train_fail("%s: the checkpoint is at step %lld, -x %lld stops at or before it: nothing to train (raise -x, "
+                          "or leave it out)", a->out_dir, (long long)t->start, (long long)a->stop_after);
     return 0;
 }
 
@@ -1073,6 +1121,16 @@ static int open_data(Trainer *t) {
     const TrainArgs *a = &t->a;
     int V = t->model.config.vocab_size;
     if (tokens_load(&t->train_file, a->train_path) || tokens_check_vocab(&t->train_file, V)) return -1;
+    if (a->out_dir[0]) t->train_digest = tokens_digest(&t->train_file);   // for the trainer state
+    const TrainerState *st = &t->resumed;   // a resumed run continues where its checkpoint's data left off
+    if (t->start > 0 && st->train_tokens && (st->train_tokens != t->train_file.count || st->train_digest != t->train_digest))
+        return train_fail("%s: the checkpoint of step %lld was trained on %lld tokens (digest %016llx); -i %s holds %lld "
+                          "(digest %016llx): resume on the same training data (-i)", a->out_dir, (long long)t->start,
+                          (long long)st->train_tokens, (unsigned long long)st->train_digest, t->train_file.path,
+                          (long long)t->train_file.count, (unsigned long long)t->train_digest);
+    if (t->start > 0 && st->position > t->train_file.count)
+        return train_fail("%s: data position %lld is past the end of %s", a->out_dir, (long long)st->position,
+                          t->train_file.path);
     if (a->val_path[0]) {
         if (tokens_load(&t->val_file, a->val_path) || tokens_check_vocab(&t->val_file, V)) return -1;
         if (t->val_file.count < a->B * a->T + 1)
@@ -1105,9 +1163,6 @@ static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
     t->rng.s = a->seed;
     if (check_settings(t) || open_model(t) || open_data(t) || t->dev->open(t)) return -1;
     if (t->start > 0) {
-        if (t->resumed.position > t->train_file.count)
-            return train_fail("%s: data position %lld is past the end of %s", a->out_dir, (long long)t->resumed.position,
-                              t->train_file.path);
         t->loader.position = t->resumed.position;
         t->rng.s = t->resumed.rng;
     }
@@ -1337,7 +1392,7 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
-                         bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm};
+                         bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm, t->train_file.count, t->train_digest};
     float *masters;
     if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
     if (a->verbose)

@@ -53,6 +53,8 @@ int find_optimizer(const char *name);
 typedef struct {
     const char *train_path, *val_path, *tokenizer_path;   // "" = none (val, tokenizer)
     const char *model;        // descriptor (d12, d4c128h4, ...) or an llm.c .bin model file
+    int model_given;          // -e was on the command line: a resumed run refuses one of another shape
+                              // (else the checkpoint's model is taken as it is)
     const char *out_dir;      // checkpoints go here; "" = none
     int64_t B, T, steps;
     int64_t accum;            // micro-batches of (B, T) per optimizer step (gradient accumulation)
@@ -135,9 +137,11 @@ typedef struct {
     GPT2Config config;        // the model's shape (version 2, words 15..20)
     int64_t opt_steps;        // every optimizer tensor's step count (version 2, word 21): the optimizer
                               // file must match it (files of different steps are not one checkpoint)
-    int64_t clip_rule;        // CLIP_EXACT or CLIP_PREV (word 16)
+    int64_t clip_rule;        // CLIP_EXACT or CLIP_PREV (word 22)
     double prev_norm;         // CLIP_PREV: the norm of this step's mean gradient, which the next step
-                              // clips with; NAN: none (word 17, the double's bits)
+                              // clips with; NAN: none (word 23, the double's bits)
+    int64_t train_tokens;     // the training tokens' count and digest (tokens_digest; words 25, 26):
+    int64_t train_digest;     // a resume on other data is refused (0: not recorded, older files)
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
@@ -209,6 +213,7 @@ struct Trainer {
     int64_t resume_limit;             // resume from the newest complete checkpoint before this step
     int damaged;                      // the last failure was the checkpoint's (trainer_open falls back)
     TokenFile train_file, val_file;
+    int64_t train_digest;             // tokens_digest of train_file (with -o), for the trainer state
     Tokenizer tok;
     DataLoader loader;
     // Where the optimizer finds tensor i: its weights and gradients, on the device, in lay's

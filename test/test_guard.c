@@ -51,6 +51,21 @@ static void small_args(TrainArgs *a, int64_t steps) {
     a->eval_every = 0; a->gen_tokens = 0; a->verbose = 0;
 }
 
+// train_run with its stdout in gdir/name; *text (free it): what it printed.
+static int run_logged(const TrainArgs *a, TrainResult *r, const char *name, char **text) {
+    char log[128];
+    gpath(log, sizeof log, name);
+    fflush(stdout);
+    int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (saved >= 0 && fd >= 0) { dup2(fd, 1); close(fd); }
+    int status = train_run(a, r);
+    fflush(stdout);
+    if (saved >= 0) { dup2(saved, 1); close(saved); }
+    size_t n = 0;
+    *text = (char *)test_slurp(log, &n);
+    return status;
+}
+
 static int count_done(const char *dir) {
     DIR *d = opendir(dir);
     int n = 0;
@@ -113,17 +128,8 @@ static void test_divergence_stops(void) {
     small_args(&a, 30);
     a.model = model; a.out_dir = out; a.ckpt_every = 1;
     a.eval_every = 5; a.verbose = 1;             // the validation loss at step 0 is NaN: printed as such
-    char log[128];
-    gpath(log, sizeof log, "huge_stdout.txt");
-    fflush(stdout);
-    int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (saved >= 0 && fd >= 0) { dup2(fd, 1); close(fd); }
-    int status = train_run(&a, &r);
-    fflush(stdout);
-    if (saved >= 0) { dup2(saved, 1); close(saved); }
-    expect_message(status, "in a row", "weights of 3e38");
-    size_t n = 0;
-    char *text = (char *)test_slurp(log, &n);
+    char *text = NULL;
+    expect_message(run_logged(&a, &r, "huge_stdout.txt", &text), "in a row", "weights of 3e38");
     EXPECT(text && strstr(text, "| val loss") && strstr(text, "nan (not finite)"), "the NaN validation loss is not reported as such: %s",
            text ? text : "(no output)");
     free(text);
@@ -186,7 +192,7 @@ static void test_small_findings(void) {
     a.lr = 0.5f; a.weight_decay = 2.0f;
     expect_message(train_run(&a, NULL), "-l 0.5 x -c 2", "-l 0.5 -c 2");
     // a trainer state whose recipe is 99: the message names the recipe
-    TrainerState s = {3, 0, 2, 16, 99, 0, 0, 30, 7, 1, 0, 1, 4};
+    TrainerState s = {3, 0, 2, 16, 99, 0, 0, 30, 7, 1, 0, 1, 4, .version = STATE_VERSION};
     gpath(path, sizeof path, "state.bin");
     EXPECT(write_atomically(path, state_writer, &s) == 0, "%s", train_error_text);
     TrainerState back;
@@ -197,17 +203,117 @@ static void test_small_findings(void) {
     EXPECT(train_run(&a, &r) == 0 && isnan(r.val_loss), "-v 0: val loss %g, %s", (double)r.val_loss, train_error_text);
     a.eval_every = 2;
     EXPECT(train_run(&a, &r) == 0 && isfinite(r.val_loss), "-v 2: val loss %g, %s", (double)r.val_loss, train_error_text);
-    // a temporary file left by a killed run goes at the next start
-    char out[128], stale[160];
+    // temporary files left by a killed run (the older name, and name.tmp.<pid>.<n>) go at the next start
+    char out[128], stale[2][160];
     gpath(out, sizeof out, "stale");
     mkdir(out, 0755);
-    snprintf(stale, sizeof stale, "%s/model_00000001.bin.tmp", out);
-    FILE *f = fopen(stale, "wb");
-    if (f) { fputs("half a model", f); fclose(f); }
+    snprintf(stale[0], sizeof stale[0], "%s/model_00000001.bin.tmp", out);
+    snprintf(stale[1], sizeof stale[1], "%s/optim_00000001.bin.tmp.12345.0", out);
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(stale[k], "wb");
+        if (f) { fputs("half a model", f); fclose(f); }
+    }
     small_args(&a, 1);
     a.out_dir = out;
-    EXPECT(train_run(&a, NULL) == 0 && access(stale, F_OK) != 0, "the stale %s is still there: %s", stale, train_error_text);
+    EXPECT(train_run(&a, NULL) == 0 && access(stale[0], F_OK) != 0 && access(stale[1], F_OK) != 0,
+           "a stale temporary is still there: %s", train_error_text);
     test_remove_tree(out, 1);
+}
+
+// Findings 8 and 9: a resumed run continues its checkpoint's model, RNG and data position. An -e
+// (descriptor or .bin) of another shape, a -w of the other StableEmbedding and an -i of other tokens
+// (the same count, or another) are refused, naming the flag; an -e left out (or of the same shape)
+// takes the checkpoint's model; a -d of another seed is noted, the checkpoint's RNG continues (the
+// same losses as without it) and the next checkpoint records the run's seed. -x at or below the
+// checkpoint's step is refused (with -X it exports the checkpoint as it is), -x without -o too.
+// Each refusal leaves the directory as it was.
+static void test_resume_flags(void) {
+    char out[128], other[128], other_count[128], model[128], state[256];
+    gpath(out, sizeof out, "resume_flags");
+    gpath(other, sizeof other, "other_train.bin");
+    gpath(other_count, sizeof other_count, "other_count.bin");
+    gpath(model, sizeof model, "other_shape.bin");
+    write_tokens(other, 4096);
+    write_tokens(other_count, 4095);
+    TrainArgs a;
+    small_args(&a, 6);
+    a.out_dir = out; a.stop_after = 2;
+    EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(out) == 2, "first part: %s", train_error_text);
+    small_args(&a, 6);
+    a.out_dir = out; a.resume = 1;
+    GPT2 m;
+    GPT2Config c;
+    EXPECT(gpt2_config_from_descriptor(&c, "d1c64h2v64t16") == 0 && gpt2_init_random(&m, &c, 3) == 0 &&
+           gpt2_save(&m, model, 1) == 0, "%s", train_error_text);
+    gpt2_free(&m);
+    struct { const char *label, *model, *train, *want; int stable; int64_t stop; } refused[] = {
+        {"-e of another depth", "d2c32h2v64t16", NULL, "-e d2c32h2v64t16 is L=2 C=32", 0, 0},
+        {"-e of another maxT", "d1c32h2v64t32", NULL, "maxT=32; the checkpoint of step 2", 0, 0},
+        {"-e .bin of another width", model, NULL, "L=1 C=64 NH=2", 0, 0},
+        {"-w 1 on a checkpoint without", NULL, NULL, "-w 1 cannot change that", 1, 0},
+        {"-i of other tokens, same count", NULL, other, "resume on the same training data", 0, 0},
+        {"-i of another token count", NULL, other_count, "holds 4095", 0, 0},
+        {"-x at the checkpoint's step", NULL, NULL, "-x 2 stops at or before it", 0, 2},
+        {"-x below the checkpoint's step", NULL, NULL, "-x 1 stops at or before it", 0, 1},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        TrainArgs b = a;
+        if (refused[i].model) { b.model = refused[i].model; b.model_given = 1; }
+        if (refused[i].train) b.train_path = refused[i].train;
+        b.stable_embedding = refused[i].stable;
+        b.stop_after = refused[i].stop;
+        expect_message(train_run(&b, NULL), refused[i].want, refused[i].label);
+        EXPECT(checkpoint_latest(out) == 2 && count_done(out) == 1, "%s: the directory changed", refused[i].label);
+    }
+    // -x at the checkpoint's step with -X: the checkpoint exported as it is, no step run
+    char exported[128];
+    gpath(exported, sizeof exported, "exported.bin");
+    TrainArgs b = a;
+    TrainResult r = {0};
+    b.stop_after = 2; b.export_path = exported;
+    EXPECT(train_run(&b, &r) == 0 && r.last_step == 2 && access(exported, F_OK) == 0 && checkpoint_latest(out) == 2,
+           "-x 2 -X from the checkpoint of step 2: %s (last step %lld)", train_error_text, (long long)r.last_step);
+    // -e left out (another descriptor, not given) or given with the checkpoint's shape: resumed
+    b = a;
+    b.model = "d3c96h3"; b.stop_after = 3;
+    EXPECT(train_run(&b, &r) == 0 && r.first_step == 3, "-e not given: %s", train_error_text);
+    float losses[2][6];
+    memset(losses, 0, sizeof losses);
+    for (int seed = 0; seed < 2; seed++) {   // -d 99 from the checkpoint of step 3: noted, the same losses
+        b = a;
+        b.model_given = 1; b.verbose = 1; b.eval_every = 0;
+        if (seed) b.seed = 99;
+        char *text = NULL;
+        TrainResult rr = {0};
+        rr.losses = losses[seed];
+        int status = run_logged(&b, &rr, "resume_flags.txt", &text);
+        EXPECT(status == 0 && rr.first_step == 4, "resume with -d %llu: %s", (unsigned long long)b.seed, train_error_text);
+        const char *note = strstr(text ? text : "", "note: resuming");
+        EXPECT(seed ? note && strstr(note, "seed 1337); -d 99 is not used") : !note, "-d %llu: the note is %s",
+               (unsigned long long)b.seed, note ? note : "missing");
+        if (seed) {
+            checkpoint_path(state, sizeof state, out, "state", 6, ".bin");
+            TrainerState st;
+            EXPECT(state_load(&st, state) == 0 && st.seed == 1337, "the checkpoint after -d 99 records seed %llu",
+                   (unsigned long long)st.seed);
+        }
+        free(text);
+        // back to the checkpoint of step 3 for the other run
+        for (int64_t s = 4; s <= 6; s++) {
+            const char *kinds[3] = {"DONE", "optim", "state"};
+            for (int k = 0; k < 3; k++) {
+                checkpoint_path(state, sizeof state, out, kinds[k], s, k ? ".bin" : "");
+                remove(state);
+            }
+        }
+    }
+    EXPECT(memcmp(losses[0] + 3, losses[1] + 3, 3 * sizeof(float)) == 0, "-d 99 changed the resumed losses");
+    // -x without -o
+    small_args(&a, 6);
+    a.stop_after = 2;
+    expect_message(train_run(&a, NULL), "needs an output directory (-o)", "-x without -o");
+    test_remove_tree(out, 1);
+    remove(other); remove(other_count); remove(model); remove(exported);
 }
 
 // Mutation gap: weight decay reaches the matrices and the embeddings (gpt2_param_is_matrix) and
@@ -336,6 +442,8 @@ void tests_guard(void) {
     test_run("guard: activation sizes past 2^52 bytes and shapes past a limit are refused, naming it (P13)", test_activation_overflow);
     test_run("guard: a loss not finite 10 steps in a row stops the run; no checkpoint from it (P13)", test_divergence_stops);
     test_run("guard: FIFO, directory and device inputs, -R 1 on the CPU, state fields, -v 0, stale .tmp (P13)", test_small_findings);
+    test_run("guard: resume refuses -e, -w, -i of another model or data, notes -d; -x at or below it, -x without -o (P13)",
+             test_resume_flags);
     test_run("guard: weight decay reaches the matrices and embeddings only", test_decay_reaches_matrices_only);
     test_run("guard: LAMB / LARS trust ratio: clipped and unclipped steps", test_trust_ratio);
     test_run("guard: ECC code of a tie t = -0.5 is -64 (exact and fast forms)", test_ecc_negative_tie);

@@ -980,7 +980,8 @@ static void test_state_files(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d2c32h2v60t16");
     c.stable_embedding = 1;
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6, CLIP_PREV, 1.5}, back;
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6, CLIP_PREV, 1.5,
+                     .train_tokens = 5000, .train_digest = -0x123456789abcdefll}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
     int64_t size;
@@ -992,6 +993,8 @@ static void test_state_files(void) {
     EXPECT(size == 256, "version 2 state file: %lld bytes, expected 256", (long long)size);
     if (size == 256) memcpy(w, d, 256);
     for (int k = 0; k < 24 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
+    EXPECT(size != 256 || (w[25] == 5000 && w[26] == -0x123456789abcdefll), "words 25, 26 (the training tokens): %lld, %lld",
+           (long long)w[25], (long long)w[26]);
     free(d);
     if (size != 256) return;
     // Every field refused by the loader, the checksum made right so that it is the field that fails.
@@ -1002,7 +1005,8 @@ static void test_state_files(void) {
         {9, 2, "inconsistent", "StableEmbedding 2"}, {19, 3, "bad model shape", "C not a multiple of NH"},
         {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"},
         {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"},
-        {22, 2, "inconsistent", "clipping rule 2"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"}};
+        {22, 2, "inconsistent", "clipping rule 2"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
+        {25, -1, "training token count", "a negative token count"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[32];
         memcpy(v, w, sizeof v);
