@@ -8,6 +8,7 @@ See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdarg.h>
+#include <errno.h>
 #include <unistd.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -1270,17 +1271,40 @@ static int bnb8_state_to_host(const bnb8_tensor *t, void **host) {
     return status;
 }
 
-int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
+int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx) {
+    static int counter;   // with the pid, a name that no earlier call made; O_EXCL makes it this call's alone
+    size_t size = strlen(path) + 48;
+    char *tmp = (char *)malloc(size);
+    if (!tmp) return bnb8_fail(BNB8_ERR_NOMEM, "temporary name for %s", path);
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 1000; tries++) {
+        snprintf(tmp, size, "%s.tmp.%ld.%d", path, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        int status = bnb8_fail(BNB8_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        if (fd >= 0) { close(fd); remove(tmp); }
+        free(tmp);
+        return status;
+    }
+    int wrote = writer(f, ctx), ok = wrote == 0;
+    ok &= fflush(f) == 0;
+    ok &= fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    int status = wrote > 0 ? wrote : BNB8_OK;
+    if (!status && !ok) status = bnb8_fail(BNB8_ERR_IO, "writing %s failed (disk full?)", tmp);
+    if (!status && rename(tmp, path) != 0) status = bnb8_fail(BNB8_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+    if (status) remove(tmp);
+    free(tmp);
+    return status;
+}
+
+// The state file (DESIGN.md §7), a writer for bnb8_write_atomically: 0, -1 (a write failed) or a status.
+static int bnb8_state_writer(FILE *f, const void *ctx) {
+    const bnb8_optimizer *opt = (const bnb8_optimizer *)ctx;
     const char *fn = "bnb8_optimizer_save";
-    if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
-    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
-    size_t len = strlen(path);
-    char *tmp = (char *)malloc(len + 5);
-    if (!tmp) return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
-    memcpy(tmp, path, len);
-    memcpy(tmp + len, ".tmp", 5);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) { int s = bnb8_fail(BNB8_ERR_IO, "%s: cannot create %s", fn, tmp); free(tmp); return s; }
     int ok = 1, status = BNB8_OK;
     uint32_t crc = 0, header[3] = {BNB8_STATE_VERSION, (uint32_t)opt->kind, (uint32_t)opt->num_tensors};
     ok &= bnb8_write(f, BNB8_STATE_MAGIC, 8, &crc);
@@ -1317,14 +1341,13 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
         if (host != t->memory) free(host);
         if (weights != t->param) free(weights);
     }
-    ok &= fflush(f) == 0;
-    ok &= fsync(fileno(f)) == 0;
-    ok &= fclose(f) == 0;
-    if (!status && !ok) status = bnb8_fail(BNB8_ERR_IO, "%s: writing %s failed (disk full?)", fn, tmp);
-    if (!status && rename(tmp, path) != 0) status = bnb8_fail(BNB8_ERR_IO, "%s: cannot rename %s to %s", fn, tmp, path);
-    if (status) remove(tmp);
-    free(tmp);
-    return status;
+    return status ? status : ok ? 0 : -1;
+}
+
+int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
+    if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_save: opt or path is NULL");
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "bnb8_optimizer_save: big-endian hosts are not supported");
+    return bnb8_write_atomically(path, bnb8_state_writer, opt);
 }
 
 // path opened for reading if it is a regular file; a directory, FIFO or device is refused (opened

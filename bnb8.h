@@ -41,6 +41,7 @@ CONVENTIONS (DESIGN.md §1, §2)
 #include <stddef.h>
 #include <string.h>
 #include <math.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -188,7 +189,8 @@ typedef struct {
 } bnb8_memory;
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 
-// Writes every tensor's states (and corrected weights) to path atomically: path.tmp, flushed, renamed.
+// Writes every tensor's states (and weights) to path atomically: a temporary of its own
+// (path.tmp.<pid>.<n>), flushed, renamed; on failure path is untouched and no temporary is left.
 int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
 // Reads a file of bnb8_optimizer_save that matches the registered tensors; on any error nothing changes.
 int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
@@ -228,6 +230,12 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
 
 // Records the detailed message of a failure for bnb8_last_error() and returns status.
 int bnb8_fail(int status, const char *fmt, ...);
+// Writes path atomically (DESIGN.md §7; bnb8_optimizer_save, the trainer's files): writer fills a
+// temporary of this call's own, path.tmp.<pid>.<n> (created exclusively, so that no other writer's
+// temporary is ever opened), which is flushed to disk, closed and renamed over path. On any failure
+// the temporary is removed and path is untouched. writer returns 0, -1 when a write failed, or a
+// status whose message it recorded (bnb8_fail).
+int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx);
 
 #ifdef __CUDACC__
 #define BNB8_HD static inline __host__ __device__

@@ -4,6 +4,7 @@ model files and checkpoints use; see gpt2_data.h.
 */
 #define _POSIX_C_SOURCE 200809L   // fseeko, fsync
 #include "gpt2_data.h"
+#include "bnb8.h"
 #include <stdlib.h>
 #include <stdarg.h>
 #include <string.h>
@@ -57,23 +58,7 @@ int read_header(FILE *f, const char *path, const char *what, int32_t h[HEADER_IN
 }
 
 int write_atomically(const char *path, file_writer writer, const void *ctx) {
-    size_t len = strlen(path);
-    char *tmp = (char *)malloc(len + 5);
-    if (!tmp) return train_fail("out of memory");
-    memcpy(tmp, path, len);
-    memcpy(tmp + len, ".tmp", 5);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) { train_fail("cannot create %s: %s", tmp, strerror(errno)); free(tmp); return -1; }
-    int ok = writer(f, ctx) == 0;
-    ok &= fflush(f) == 0;
-    ok &= fsync(fileno(f)) == 0;
-    ok &= fclose(f) == 0;
-    int status = 0;
-    if (!ok) status = train_fail("writing %s failed (disk full?)", tmp);
-    else if (rename(tmp, path) != 0) status = train_fail("cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (status) remove(tmp);
-    free(tmp);
-    return status;
+    return bnb8_write_atomically(path, writer, ctx) ? train_fail("%s", bnb8_last_error()) : 0;
 }
 
 int tokens_load(TokenFile *t, const char *path) {

@@ -36,8 +36,9 @@ int file_size_of(FILE *f, const char *path, int64_t *size);
 FILE *open_input(const char *path, const char *what);
 // The 256-int header of an llm.c file of kind what ("model", ...) and the file's size.
 int read_header(FILE *f, const char *path, const char *what, int32_t h[HEADER_INTS], int64_t *size);
-// Writes path through writer into path.tmp, flushes it to disk, then renames it: a crash never
-// leaves a half-written file under path. A writer returns 0, or -1 when a write failed.
+// Writes path through writer into a temporary of its own (path.tmp.<pid>.<n>), flushes it to disk,
+// then renames it: a crash never leaves a half-written file under path (bnb8_write_atomically, with
+// the message in train_error_text). A writer returns 0, or -1 when a write failed.
 typedef int (*file_writer)(FILE *f, const void *ctx);
 int write_atomically(const char *path, file_writer writer, const void *ctx);
 

@@ -594,8 +594,8 @@ static int open_dir(Trainer *t, const char *dir) {
 }
 
 // Removes the temporaries a run killed while writing left in dir (regular files whose names hold
-// ".tmp": a kill or SIGXFSZ between create and rename), saying so. Called at start, once the run
-// owns dir. (P12's checkpoint layout: call it after the directory lock, with its temporary names.)
+// ".tmp": name.tmp.<pid>.<n>, bnb8_write_atomically, or the older name.tmp; a kill or SIGXFSZ
+// between create and rename), saying so. Called at start, once the run holds dir's lock.
 static void remove_stale_temporaries(const char *dir, int verbose) {
     DIR *d = opendir(dir);
     if (!d) return;

@@ -189,21 +189,20 @@ static int same_checkpoint(const char *dir, const char *ref, int64_t s) {
     return 1;
 }
 
-// Whether dir holds a temporary file (a write in progress).
+// Whether dir holds a temporary file (a write in progress: name.tmp.<pid>.<n>).
 static int tmp_files(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return 0;
     int found = 0;
     struct dirent *e;
     while (!found && (e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        found = len > 4 && strcmp(e->d_name + len - 4, ".tmp") == 0;
+        found = strstr(e->d_name, ".tmp.") != NULL;
     }
     closedir(d);
     return found;
 }
 
-// Files in dir that a checkpoint write in progress leaves: *.tmp, or a step's files without DONE.
+// Files in dir that a checkpoint write in progress leaves: *.tmp.*, or a step's files without DONE.
 static int partial_files(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return 0;
@@ -212,7 +211,7 @@ static int partial_files(const char *dir) {
     while ((e = readdir(d))) {
         const char *n = e->d_name;
         size_t len = strlen(n);
-        if (len > 4 && strcmp(n + len - 4, ".tmp") == 0) { partial++; continue; }
+        if (strstr(n, ".tmp.")) { partial++; continue; }
         long long s;
         char kind[8];
         if (sscanf(n, "%5[a-z]_%lld.bin", kind, &s) == 2 && len == 18) {
@@ -386,14 +385,17 @@ static void test_full_disk(void) {
     if (test_failures()) return;
     struct { const char *what, *blocked, *message; int64_t fsize; } faults[3] = {
         {"optimizer file hits the size limit", NULL, "disk full", optim_bytes / 2},
-        {"trainer state file cannot be created", "state", "cannot create", 0},
-        {"DONE marker cannot be created", "DONE", "cannot create", 0},
+        {"optimizer file cannot be put in place", "optim", "cannot rename", 0},
+        {"trainer state file cannot be put in place", "state", "cannot rename", 0},
     };
     for (int f = 0; f < 3; f++) {
         char *before = dir_snapshot(dir), blocked[512] = "";
-        if (faults[f].blocked) {   // a directory where the temporary file must go: fopen fails
-            checkpoint_path(blocked, sizeof blocked, dir, faults[f].blocked, K + 1, strcmp(faults[f].blocked, "DONE") ? ".bin.tmp" : ".tmp");
-            EXPECT(mkdir(blocked, 0700) == 0, "cannot make %s", blocked);
+        if (faults[f].blocked) {   // a directory, not empty, under the file's name: the rename fails
+            char inside[600];
+            checkpoint_path(blocked, sizeof blocked, dir, faults[f].blocked, K + 1, ".bin");
+            snprintf(inside, sizeof inside, "%s/x", blocked);
+            FILE *x = mkdir(blocked, 0700) == 0 ? fopen(inside, "wb") : NULL;
+            EXPECT(x && fclose(x) == 0, "cannot make %s", inside);
             free(before);
             before = dir_snapshot(dir);
         }
@@ -412,7 +414,7 @@ static void test_full_disk(void) {
                before ? before : "", after ? after : "");
         if (fverbose) printf("    %-36s -> %s", faults[f].what, msg ? msg : "(none)\n");
         free(msg); free(before); free(after);
-        if (blocked[0]) rmdir(blocked);
+        if (blocked[0]) test_remove_tree(blocked, 1);
         c.fsize = 0;
     }
     EXPECT(same_checkpoint(dir, ref, K), "the previous checkpoint is no longer the uninterrupted run's");

@@ -19,7 +19,11 @@ only fault is the one under test. BNB8_TEST_VERBOSE=1 prints the loader's messag
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <signal.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/resource.h>
 
 static int verbose;
 static char dir[64];
@@ -135,13 +139,27 @@ static void model_free(model *m) {
     memset(m, 0, sizeof *m);
 }
 
+// The temporaries of path in its folder (names path.tmp.<pid>.<n>: bnb8_write_atomically).
+static int temporaries_of(const char *path) {
+    char folder[256], prefix[300];
+    snprintf(folder, sizeof folder, "%s", path);
+    char *slash = strrchr(folder, '/');
+    if (!slash) return 0;
+    *slash = 0;
+    snprintf(prefix, sizeof prefix, "%s.tmp.", slash + 1);
+    DIR *d = opendir(folder);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d) closedir(d);
+    return n;
+}
+
 // Saves and checks that the atomic write left no temporary file behind.
 static int save_checked(bnb8_optimizer *opt, const char *path) {
     int status = bnb8_optimizer_save(opt, path);
     EXPECT(status == 0, "save %s: %s", path, bnb8_last_error());
-    char tmp[300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    EXPECT(!exists(tmp), "save left %s behind", tmp);
+    EXPECT(temporaries_of(path) == 0, "save left %d temporaries of %s behind", temporaries_of(path), path);
     return status;
 }
 
@@ -373,16 +391,24 @@ static void test_corrupt_files(void) {
     model_free(&m);
 }
 
-// The write is atomic: path.tmp, then a rename. A save that cannot write its temporary file fails
-// with a message and leaves the previous file under the real name intact; a save into a missing
-// folder fails; a successful save replaces the file and leaves no .tmp behind.
+// The write is atomic: a temporary of its own (path.tmp.<pid>.<n>, created exclusively), then a
+// rename. A save whose write fails (a file-size limit, as a full disk) or whose rename fails (a
+// directory under the name) fails with a message, leaves no temporary and the previous file under
+// the real name intact; a save into a missing folder fails; a successful save replaces the file.
+// Another writer's temporaries (the old fixed name path.tmp, and one of path.tmp.<pid>.<n> form) are
+// never opened: they keep their bytes. Two processes saving the same path 40 times each at once
+// both succeed every time and leave a whole file (with a fixed temporary name one truncates or
+// renames the other's).
 static void test_atomic_save(void) {
     const tensor_spec spec[1] = {{"w", 5000, BNB8_F32, BNB8_F32}};
     bnb8_config c = bnb8_config_default(BNB8_ADAMW);
-    char path[256], tmp[300], copy[256], nowhere[300];
+    char path[256], copy[256], nowhere[300], theirs[2][300], blocked[256], inside[300];
     path_in(path, sizeof path, "atomic.bin");
     path_in(copy, sizeof copy, "atomic_copy.bin");
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    path_in(blocked, sizeof blocked, "atomic_blocked.bin");
+    snprintf(inside, sizeof inside, "%s/x", blocked);
+    snprintf(theirs[0], sizeof theirs[0], "%s.tmp", path);
+    snprintf(theirs[1], sizeof theirs[1], "%s.tmp.%ld.0", path, (long)getpid() + 1);
     snprintf(nowhere, sizeof nowhere, "%s/no/such/folder/state.bin", dir);
     test_rng rng = test_rng_new();
     model m;
@@ -393,18 +419,64 @@ static void test_atomic_save(void) {
     uint8_t *first = test_slurp(path, &size);
     spit(copy, first, size);
     model_steps(&m, 1, c.lr, &rng);
-    EXPECT(mkdir(tmp, 0700) == 0, "cannot make %s", tmp);   // the temporary file cannot be created
+    // a write that fails: RLIMIT_FSIZE below the file's size, SIGXFSZ ignored (EFBIG, as a full disk)
+    struct rlimit old, small;
+    EXPECT(getrlimit(RLIMIT_FSIZE, &old) == 0, "getrlimit");
+    small = old;
+    small.rlim_cur = (rlim_t)(size / 2);
+    void (*handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    EXPECT(setrlimit(RLIMIT_FSIZE, &small) == 0, "setrlimit");
     arm_error();
     int status = bnb8_optimizer_save(m.opt, path);
-    EXPECT(status == BNB8_ERR_IO && error_replaced() && strstr(bnb8_last_error(), tmp), "save with %s blocked: status %d, '%s'",
-           tmp, status, bnb8_last_error());
-    EXPECT(files_equal(path, copy), "a failed save changed the file under the real name");
-    rmdir(tmp);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, handler);
+    EXPECT(status == BNB8_ERR_IO && error_replaced() && strstr(bnb8_last_error(), "disk full") &&
+           strstr(bnb8_last_error(), ".tmp."), "save past the file-size limit: status %d, '%s'", status, bnb8_last_error());
+    EXPECT(files_equal(path, copy) && temporaries_of(path) == 0, "a failed write changed the file or left %d temporaries",
+           temporaries_of(path));
+    // a rename that fails: a directory (not empty) under the name
+    FILE *x = mkdir(blocked, 0700) == 0 ? fopen(inside, "wb") : NULL;
+    EXPECT(x && fclose(x) == 0, "cannot make %s", inside);
+    arm_error();
+    status = bnb8_optimizer_save(m.opt, blocked);
+    EXPECT(status == BNB8_ERR_IO && error_replaced() && strstr(bnb8_last_error(), "cannot rename") &&
+           temporaries_of(blocked) == 0 && exists(inside), "save onto a directory: status %d, '%s', %d temporaries", status,
+           bnb8_last_error(), temporaries_of(blocked));
+    remove(inside); rmdir(blocked);
     arm_error();
     status = bnb8_optimizer_save(m.opt, nowhere);
-    EXPECT(status == BNB8_ERR_IO && error_replaced(), "save into a missing folder: status %d, '%s'", status, bnb8_last_error());
-    save_checked(m.opt, path);
+    EXPECT(status == BNB8_ERR_IO && error_replaced() && strstr(bnb8_last_error(), "cannot create"),
+           "save into a missing folder: status %d, '%s'", status, bnb8_last_error());
+    // another writer's temporaries stay as they are
+    for (int k = 0; k < 2; k++) spit(theirs[k], "another writer's", 16);
+    EXPECT(bnb8_optimizer_save(m.opt, path) == 0, "save beside another writer's temporaries: %s", bnb8_last_error());
     EXPECT(!files_equal(path, copy), "a second save did not replace the file");
+    for (int k = 0; k < 2; k++) {
+        size_t n = 0;
+        uint8_t *b = test_slurp(theirs[k], &n);
+        EXPECT(b && n == 16 && memcmp(b, "another writer's", 16) == 0, "another writer's temporary %s was touched", theirs[k]);
+        free(b);
+        remove(theirs[k]);
+    }
+    // two processes saving the same path at once
+    save_checked(m.opt, copy);
+    pid_t pid[2];
+    for (int k = 0; k < 2; k++) {
+        fflush(stdout);
+        pid[k] = fork();
+        if (pid[k] == 0) {
+            int bad = 0;
+            for (int i = 0; i < 40; i++) bad += bnb8_optimizer_save(m.opt, path) != 0;
+            _exit(bad ? 1 : 0);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        int st = -1;
+        EXPECT(pid[k] > 0 && waitpid(pid[k], &st, 0) == pid[k] && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+               "writer %d of two at once: a save failed (status %d)", k, st);
+    }
+    EXPECT(files_equal(path, copy) && temporaries_of(path) == 0, "two writers at once: the file is not whole, or %d "
+           "temporaries are left", temporaries_of(path));
     free(first);
     remove(path); remove(copy);
     model_free(&m);
@@ -997,7 +1069,7 @@ void tests_state(void) {
     if (!mkdtemp(dir)) { printf("test_state: mkdtemp failed\n"); return; }
     test_run("state: save -> load -> continue equals never stopping", test_resume);
     test_run("state: corrupted or mismatched files are refused, nothing changed", test_corrupt_files);
-    test_run("state: saves are atomic (tmp + rename), failures keep the old file", test_atomic_save);
+    test_run("state: saves are atomic (a temporary of their own + rename), failures keep the old file (P13)", test_atomic_save);
     test_run("state: file size (6.03125 bytes/param with f32 weights) and memory of 8-bit states", test_memory_and_file_size);
     test_run("state: tensors under min_8bit_size keep 32-bit states", test_min_8bit_size);
     test_run("state: API misuse returns a status and a message", test_api_misuse);

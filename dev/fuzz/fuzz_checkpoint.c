@@ -7,7 +7,7 @@ state version 1 the model file beside them, and the checks between them).
 Input: an archive of directory entries, each [u8 kind][u8 step][u16 length, little-endian][bytes]:
   kind % 8 = 0 DONE_<step>, 1 model_<step>.bin, 2 optim_<step>.bin, 3 state_<step>.bin (the bytes
   are the file), 4 a file whose name is the bytes (letters, digits, '_' and '.' kept), 5 a leftover
-  temporary <model|optim|state>_<step>.bin.tmp, 6 DONE_<u32 of the bytes, at least 8 digits>, 7 a directory
+  temporary <model|optim|state>_<step>.bin.tmp (odd steps: .bin.tmp.4242.0, bnb8_write_atomically's form), 6 DONE_<u32 of the bytes, at least 8 digits>, 7 a directory
   DONE_<step>.
 The harness makes that directory, checks checkpoint_latest against its own reading of the names,
 then resumes to one step past it (B, T, recipe and optimizer as the trainer state file says, when
@@ -154,7 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             len = 0;
             break;
         }
-        case 5: snprintf(name, sizeof name, "%s_%08d.bin.tmp", kinds[step % 3], step); break;
+        case 5: snprintf(name, sizeof name, "%s_%08d.bin.tmp%s", kinds[step % 3], step, step & 1 ? ".4242.0" : ""); break;
         case 6: {
             uint32_t v = 0;
             memcpy(&v, bytes, len < 4 ? len : 4);
