@@ -1117,13 +1117,17 @@ static int open_model(Trainer *t) {
 
 // 3. Data and tokenizer
 
+// The last step this run trains to: -x, or -n.
+static int64_t last_step(const TrainArgs *a) { return a->stop_after > 0 && a->stop_after < a->steps ? a->stop_after : a->steps; }
+
 static int open_data(Trainer *t) {
     const TrainArgs *a = &t->a;
     int V = t->model.config.vocab_size;
     if (tokens_load(&t->train_file, a->train_path) || tokens_check_vocab(&t->train_file, V)) return -1;
     if (a->out_dir[0]) t->train_digest = tokens_digest(&t->train_file);   // for the trainer state
-    const TrainerState *st = &t->resumed;   // a resumed run continues where its checkpoint's data left off
-    if (t->start > 0 && st->train_tokens && (st->train_tokens != t->train_file.count || st->train_digest != t->train_digest))
+    const TrainerState *st = &t->resumed;   // a resumed run that trains continues its checkpoint's data
+    if (t->start > 0 && t->start < last_step(a) && st->train_tokens &&
+        (st->train_tokens != t->train_file.count || st->train_digest != t->train_digest))
         return train_fail("%s: the checkpoint of step %lld was trained on %lld tokens (digest %016llx); -i %s holds %lld "
                           "(digest %016llx): resume on the same training data (-i)", a->out_dir, (long long)t->start,
                           (long long)st->train_tokens, (unsigned long long)st->train_digest, t->train_file.path,
@@ -1166,8 +1170,8 @@ static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
         t->loader.position = t->resumed.position;
         t->rng.s = t->resumed.rng;
     }
-    t->end = a->stop_after > 0 && a->stop_after < a->steps ? a->stop_after : a->steps;
-    if (t->end < t->start) t->end = t->start;   // -X from a checkpoint at or past -n: no step to run
+    t->end = last_step(a);
+    if (t->end < t->start) t->end = t->start;   // -X from a checkpoint at or past -n or -x: no step to run
     return 0;
 }
 

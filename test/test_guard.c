@@ -225,7 +225,8 @@ static void test_small_findings(void) {
 // (the same count, or another) are refused, naming the flag; an -e left out (or of the same shape)
 // takes the checkpoint's model; a -d of another seed is noted, the checkpoint's RNG continues (the
 // same losses as without it) and the next checkpoint records the run's seed. -x at or below the
-// checkpoint's step is refused (with -X it exports the checkpoint as it is), -x without -o too.
+// checkpoint's step is refused (with -X it exports the checkpoint as it is, on any -i), -x without
+// -o too.
 // Each refusal leaves the directory as it was.
 static void test_resume_flags(void) {
     char out[128], other[128], other_count[128], model[128], state[256];
@@ -265,12 +266,13 @@ static void test_resume_flags(void) {
         expect_message(train_run(&b, NULL), refused[i].want, refused[i].label);
         EXPECT(checkpoint_latest(out) == 2 && count_done(out) == 1, "%s: the directory changed", refused[i].label);
     }
-    // -x at the checkpoint's step with -X: the checkpoint exported as it is, no step run
+    // -x at the checkpoint's step with -X: the checkpoint exported as it is, no step run (and so
+    // whatever -i says: no data is trained on)
     char exported[128];
     gpath(exported, sizeof exported, "exported.bin");
     TrainArgs b = a;
     TrainResult r = {0};
-    b.stop_after = 2; b.export_path = exported;
+    b.stop_after = 2; b.export_path = exported; b.train_path = other;
     EXPECT(train_run(&b, &r) == 0 && r.last_step == 2 && access(exported, F_OK) == 0 && checkpoint_latest(out) == 2,
            "-x 2 -X from the checkpoint of step 2: %s (last step %lld)", train_error_text, (long long)r.last_step);
     // -e left out (another descriptor, not given) or given with the checkpoint's shape: resumed
