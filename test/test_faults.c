@@ -584,7 +584,7 @@ static void test_nonfinite_weights(void) {
             // checkpoint_save refuses, and writes nothing
             test_remove_tree(ckdir, 1);
             EXPECT(mkdir(ckdir, 0700) == 0, "mkdir %s", ckdir);
-            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1, 4, STATE_VERSION, m.config, 5, CLIP_EXACT, NAN};
+            TrainerState st = {5, 0, 1, 4, 1, 0, 1, 10, 1, 1, 0, 1, 4, STATE_VERSION, m.config, 5, CLIP_EXACT, NAN, 0};
             train_error_text[0] = 0;
             s = checkpoint_save(ckdir, m.params_memory, NULL, &st, NULL);
             char *listing = dir_snapshot(ckdir);
