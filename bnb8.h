@@ -851,10 +851,20 @@ BNB8_HD float bnb8_compand_rcp(float scale, int *ok) {
 // The e6m10 bits of the scale of a group of absmax amax (>= 0, not NaN) for the fast codes, *ok
 // cleared unless amax is 0 or in [2^-39, BNB8_E6M10_MAX]: then the scale is 0 or normal, so that
 // no value exceeds it by more than half an ulp (2^-11 of it), and the top code's w (at most
-// 127.03 signed, 255.13 unsigned) rounds to the code the exact function clamps to.
+// 127.03 signed, 255.13 unsigned) rounds to the code the exact function clamps to. Where vouched
+// for, bnb8_f32_to_e6m10(amax) by its normal branch alone (no subnormal rounding, no saturation:
+// MAX itself is 0xffff); elsewhere the bits mean nothing.
 BNB8_HD uint32_t bnb8_scale_e6m10_fast(float amax, int *ok) {
     *ok &= amax == 0.0f || (amax >= 0x1p-39f && amax <= BNB8_E6M10_MAX);
-    return bnb8_f32_to_e6m10(amax);
+    uint32_t r = bnb8_f32_bits(amax) - (87u << 23);
+    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+    return amax > 0.0f ? r & 0xffffu : 0u;
+}
+// bnb8_e6m10_to_f32(h) for 0 and the normal scales; *ok cleared for a subnormal h (0 < h < 0x400),
+// which a group of tiny values may have stored: the exact path decodes it.
+BNB8_HD float bnb8_e6m10_fast_to_f32(uint32_t h, int *ok) {
+    *ok &= h == 0 || h >= 0x400u;
+    return h ? bnb8_bits_f32((h + (87u << 10)) << 13) : 0.0f;
 }
 
 // w (|w| < 2^22) nearest to an integer k, as k's low byte; *ok cleared when w is within

@@ -964,7 +964,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
     const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype, sdt = DEF ? BNB8_E6M10 : (bnb8_dtype)t.scale_dtype;
     const int gdt = DEF ? BNB8_BF16 : t.grad_dtype;
     constexpr int S = bnb8_max_states(KIND);
-    float p[R][4], g[R][4], s[R][S][4] = {}, scale[S][R];
+    float p[R][4], g[R][4], s[R][S][4] = {};
     uint32_t bits[R][2] = {}, corr[R][2] = {}, codes[S][R];
     // Every load first.
     #pragma unroll
@@ -986,42 +986,36 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
             int64_t i = base + bnb8_offset<R>(r);
             if (!flash) { bnb8_load4(t.state[k], BNB8_F32, i, lim, vec, s[r][k]); continue; }
             codes[k][r] = bnb8_load_codes4((const uint8_t *)t.state[k], i, lim, vec);
-            scale[k][r] = FULL || i < n ? bnb8_scale_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP) : 0.0f;
         }
     }
-    // The masters and the expanded states.
-    #pragma unroll
-    for (int r = 0; r < R; r++) {
-        #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if (pdt == BNB8_F32 || cb == 4) continue;
-            uint16_t h = (uint16_t)(bits[r][j / 2] >> (16 * (j & 1)));
-            int32_t q = cb == 1 ? (int32_t)(int8_t)(corr[r][0] >> (8 * j))
-                      : cb == 2 ? (int32_t)(int16_t)(corr[r][j / 2] >> (16 * (j & 1))) : 0;
-            float unit = cb == 1 ? fs.ecc8[(corr[r][0] >> (8 * j)) & 255u] : bnb8_ecc_unit(q, 32767);
-            p[r][j] = bnb8_ecc_value_unit(h, pdt, q, unit);   // q = 0 (no correction): the weight itself
-        }
-        if (!flash) continue;
-        #pragma unroll
-        for (int k = 0; k < S; k++) {
-            if (k >= nstates) continue;
-            const int is_signed = bnb8_state_signed(KIND, k);
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                uint32_t c = (codes[k][r] >> (8 * j)) & 255u;
-                s[r][k][j] = c ? bnb8_expand_from_unit(fs.unit[is_signed][c], scale[k][r], is_signed) : 0.0f;
-            }
-        }
-    }
-    // The update; the new weights and corrections.
+    // Per element its master and expanded states (unpacked here, not all before the loop: as
+    // floats they would outlive the registers), the update; per row the new weights and corrections.
     const float trust = sm.trust;
     const int32_t qmax = bnb8_ecc_qmax(cb);
     #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r);
         uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
+        float scale[S];          // the row's group scale per state, read here: 8 of them loaded first spill
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            scale[k] = flash && k < nstates && (FULL || i < n) ? bnb8_scale_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP) : 0.0f;
         #pragma unroll
         for (int j = 0; j < 4; j++) {
+            if (pdt != BNB8_F32 && cb != 4) {
+                uint16_t h = (uint16_t)(bits[r][j / 2] >> (16 * (j & 1)));
+                int32_t q = cb == 1 ? (int32_t)(int8_t)(corr[r][0] >> (8 * j))
+                          : cb == 2 ? (int32_t)(int16_t)(corr[r][j / 2] >> (16 * (j & 1))) : 0;
+                float unit = cb == 1 ? fs.ecc8[(corr[r][0] >> (8 * j)) & 255u] : bnb8_ecc_unit(q, 32767);
+                p[r][j] = bnb8_ecc_value_unit(h, pdt, q, unit);   // q = 0 (no correction): the weight itself
+            }
+            #pragma unroll
+            for (int k = 0; k < S; k++) {
+                if (k >= nstates || !flash) continue;
+                const int is_signed = bnb8_state_signed(KIND, k);
+                uint32_t c = (codes[k][r] >> (8 * j)) & 255u;
+                s[r][k][j] = c ? bnb8_expand_from_unit(fs.unit[is_signed][c], scale[k], is_signed) : 0.0f;
+            }
             float sk[3] = {0.0f, 0.0f, 0.0f};
             #pragma unroll
             for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
@@ -1137,9 +1131,11 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
     }
     const unsigned o = (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * N;   // this thread's N elements
     // Rows of 4, as bnb8_flash_chunk's arrays hold them, but consecutive (row r: elements o + 4 r ..);
-    // loaded two rows at a time.
-    float p[R][4], g[R][4], s[R][S][4] = {}, scale[S];
-    uint32_t bits[R][2], cor[R], codes[S][R];
+    // loaded two rows at a time. The inputs stay packed as loaded (bf16 pairs, bytes) until the
+    // update of their element expands them: unpacked at once (masters, gradients and states as
+    // floats) they outlive the registers of a 2-row chunk and spill.
+    float s[R][S][4], scale[S];
+    uint32_t bits[R][2], cor[R], gw[R][2], codes[S][R];
     // Every load first.
     #pragma unroll
     for (int r = 0; r < R; r += 2) {
@@ -1147,10 +1143,8 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         uint4 w = BNB8_LD((const uint4 *)(param + i)), h = BNB8_LD((const uint4 *)(grad + i));
         uint2 c = BNB8_LD((const uint2 *)(corr + i));
         bits[r][0] = w.x, bits[r][1] = w.y, bits[r + 1][0] = w.z, bits[r + 1][1] = w.w;
+        gw[r][0] = h.x, gw[r][1] = h.y, gw[r + 1][0] = h.z, gw[r + 1][1] = h.w;
         cor[r] = c.x, cor[r + 1] = c.y;
-        const uint32_t hw[4] = {h.x, h.y, h.z, h.w};
-        #pragma unroll
-        for (int j = 0; j < 8; j++) g[r + j / 4][j % 4] = bnb8_bf16_to_f32((uint16_t)(hw[j / 2] >> (16 * (j & 1))));
         #pragma unroll
         for (int k = 0; k < S; k++) {
             if (k >= nstates) continue;
@@ -1158,9 +1152,18 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
             codes[k][r] = q.x, codes[k][r + 1] = q.y;
         }
     }
+    // A loaded scale that is subnormal is not vouched for (bnb8_e6m10_fast_to_f32): the exact path.
+    int ok = 1;
     #pragma unroll
-    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_e6m10_to_f32(scales[k][o / BNB8_FLASH_GROUP]) : 0.0f;
-    bnb8_sumsq_lanes<R>(t, base, g);
+    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_e6m10_fast_to_f32(scales[k][o / BNB8_FLASH_GROUP], &ok) : 0.0f;
+    {
+        float g[R][4];           // the gradients as floats for the sums only: the update unpacks them again
+        #pragma unroll
+        for (int r = 0; r < R; r++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) g[r][j] = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
+        bnb8_sumsq_lanes<R>(t, base, g);
+    }
     if (next) {                  // the same elements of the next chunk (a full one of this tensor)
         bnb8_prefetch(param + o + R * BNB8_ROW);
         bnb8_prefetch(grad + o + R * BNB8_ROW);
@@ -1172,24 +1175,8 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
                 bnb8_prefetch(scales[k] + (o + R * BNB8_ROW) / BNB8_FLASH_GROUP);   // a line per chunk at 2 rows
             }
     }
-    // The masters and the expanded states (code 0's unit is 0: its value 0 under every e6m10 scale,
-    // all finite).
-    int ok = 1;
-    #pragma unroll
-    for (int r = 0; r < R; r++) {
-        #pragma unroll
-        for (int j = 0; j < 4; j++)
-            p[r][j] = bnb8_ecc8_value_fast(bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(cor[r] >> (8 * j)) & 255u], &ok);
-        #pragma unroll
-        for (int k = 0; k < S; k++) {
-            if (k >= nstates) continue;
-            const int is_signed = bnb8_state_signed(KIND, k);
-            #pragma unroll
-            for (int j = 0; j < 4; j++)
-                s[r][k][j] = bnb8_expand_from_unit(fs.unit[is_signed][(codes[k][r] >> (8 * j)) & 255u], scale[k], is_signed);
-        }
-    }
-    // The update; the new weights and corrections.
+    // Per element: its master, gradient and expanded states (code 0's unit is 0: its value 0 under
+    // every e6m10 scale, all finite), the update; per row the new weights and corrections.
     const float trust = sm.trust;
     uint32_t nb[R][2], nc[R];
     #pragma unroll
@@ -1197,11 +1184,16 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         float pn[4];
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            ok &= bnb8_isfinite(g[r][j]);
+            const float p = bnb8_ecc8_value_fast(bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(cor[r] >> (8 * j)) & 255u], &ok);
+            const float g = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
+            ok &= bnb8_isfinite(g);
             float sk[3] = {0.0f, 0.0f, 0.0f}, root;
             #pragma unroll
-            for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
-            pn[j] = bnb8_apply(&args, p[r][j], bnb8_direction_root(&args, p[r][j], g[r][j], sk, &root), trust);
+            for (int k = 0; k < S; k++)
+                if (k < nstates)
+                    sk[k] = bnb8_expand_from_unit(fs.unit[bnb8_state_signed(KIND, k)][(codes[k][r] >> (8 * j)) & 255u], scale[k],
+                                                  bnb8_state_signed(KIND, k));
+            pn[j] = bnb8_apply(&args, p, bnb8_direction_root(&args, p, g, sk, &root), trust);
             // a non-finite state goes to the exact path, which counts it (a non-finite weight's
             // bits fail bnb8_ecc8_code_fast's range)
             #pragma unroll
@@ -1238,7 +1230,7 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
             for (int j = 0; j < 4; j++) amax = fmaxf(amax, is_signed ? fabsf(s[r][k][j]) : s[r][k][j]);
         amax = bnb8_group_max<LANES>(amax);
         sc[k] = bnb8_scale_e6m10_fast(amax, &ok);   // = bnb8_scale_round(amax, BNB8_E6M10), vouched
-        const float scale_k = bnb8_e6m10_to_f32((uint16_t)sc[k]);
+        const float scale_k = bnb8_e6m10_fast_to_f32((uint16_t)sc[k], &ok);
         const float rc = bnb8_compand_rcp(scale_k, &ok) * (is_signed ? 254.0f : 255.0f);
         #pragma unroll
         for (int r = 0; r < R; r++) {

@@ -85,6 +85,13 @@ int find_optimizer(const char *name) {
     return -1;
 }
 
+const ScaleDtype scale_dtypes[] = {{"e6m10", BNB8_E6M10}, {"bf16", BNB8_BF16}, {"fp16", BNB8_F16}, {"fp32", BNB8_F32}};
+const int num_scale_dtypes = (int)(sizeof scale_dtypes / sizeof scale_dtypes[0]);
+int find_scale_dtype(const char *name) {
+    for (int i = 0; i < num_scale_dtypes; i++) if (strcmp(scale_dtypes[i].name, name) == 0) return i;
+    return -1;
+}
+
 // What a run keeps, from the recipe, the device and -P (the one place they meet): the GPU's bf16
 // model the recipe's row; the fp32 parity model (-P fp32, either device) fp32 weights and gradients,
 // no master; the CPU fp32 weights where the master is fp32 (they are one: the same trajectory), else the row.
@@ -133,6 +140,7 @@ static int optimizer_build(Trainer *t) {
     cfg.weight_decay = t->wd;
     cfg.format = r->states;
     if (r->states == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = t->a.blocksize; }
+    if (r->states == BNB8_STATE_FLASH) cfg.scale_dtype = scale_dtypes[t->scale].dtype;
     cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
     cfg.sum_squares = t->rule == CLIP_PREV;         // the norm the next step clips with
     if (t->oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
@@ -246,7 +254,7 @@ void train_args_default(TrainArgs *a) {
     a->lr = 0.0f; a->weight_decay = -1.0f;
     a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f; a->clip_rule = -1;
     a->recipe = "8bit"; a->optimizer = "adamw";
-    a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256;
+    a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256; a->scale_dtype = -1;
     a->stable_embedding = -1;
     a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 48; a->ckpt_every = 0;
     a->stop_after = 0; a->seed = 1337; a->resume = 0; a->verbose = 1;
@@ -277,6 +285,8 @@ void usage(FILE *f) {
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
         "  -K <int>    8bit, 8bit-int8: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
+        "  -S <name>   flash: the group scales' dtype, e6m10 | bf16 | fp16 | fp32 (default e6m10; resuming: the\n"
+        "              checkpoint's, bf16 for one of the layout before P12)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
         "  -P <name>   model: bf16 | fp32 (the parity model: fp32 weights and gradients, no master)  (default bf16)\n"
         "  -R <0|1>    gradient release (GPU): each layer stepped inside backward, no gradient buffer (default 0)\n"
@@ -350,7 +360,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKDPRCwbtnAluqcgvmsGkyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKSDPRCwbtnAluqcgvmsGkyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -381,6 +391,9 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
             else st = train_fail("-M: unknown map '%s' (dynamic, linear)", v);
             break;
         case 'K': st = parse_int(f, v, 0, 4096, &a->blocksize); break;
+        case 'S': a->scale_dtype = find_scale_dtype(v);
+            if (a->scale_dtype < 0) st = train_fail("-S: unknown scale dtype '%s' (e6m10, bf16, fp16, fp32)", v);
+            break;
         case 'w': st = parse_int(f, v, 0, 1, &n); a->stable_embedding = (int)n; break;
         case 'b': st = parse_int(f, v, 1, 1 << 20, &a->B); break;
         case 't': st = parse_int(f, v, 1, 1 << 20, &a->T); break;
@@ -447,6 +460,7 @@ int state_writer(FILE *f, const void *state) {
                               s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
                               c->num_layers, c->num_heads, c->channels, s->opt_steps, s->clip_rule};
     memcpy(&w[23], &s->prev_norm, sizeof(double));
+    w[24] = s->scale_dtype;
     w[25] = s->train_tokens;
     w[26] = s->train_digest;
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
@@ -481,6 +495,8 @@ int state_load(TrainerState *s, const char *path) {
     s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
     memcpy(&s->prev_norm, &w[23], sizeof(double));
     s->train_tokens = w[25]; s->train_digest = w[26];
+    int flash = s->recipe >= 0 && s->recipe < num_recipes && recipes[s->recipe].states == BNB8_STATE_FLASH;
+    s->scale_dtype = s->version == 1 ? flash : w[24];   // version 1 (before e6m10): bf16 scales
     // each field against its range, the message naming the first that is out of it
     const struct { const char *name; int64_t v, lo, hi; } f_[] = {
         {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
@@ -488,6 +504,7 @@ int state_load(TrainerState *s, const char *path) {
         {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
         {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_PREV},
         {"training token count", s->train_tokens, 0, INT64_MAX},
+        {"scale dtype", s->scale_dtype, 0, flash ? num_scale_dtypes - 1 : 0},
         {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
     size_t last = sizeof f_ / sizeof f_[0] - 1;
     for (size_t i = 0; i <= last; i++)
@@ -966,6 +983,10 @@ static int check_settings(Trainer *t) {
     t->lay = run_layout(t->recipe, on_gpu, a->parity);
     if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && t->recipe->states != BNB8_STATE_8BIT)
         return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit or 8bit-int8");
+    if (a->scale_dtype < -1 || a->scale_dtype >= num_scale_dtypes) return train_fail("unknown scale dtype %d", a->scale_dtype);
+    if (a->scale_dtype >= 0 && t->recipe->states != BNB8_STATE_FLASH)
+        return train_fail("-S sets the flash states' group scale dtype: it needs -r flash");
+    t->scale = a->scale_dtype >= 0 ? a->scale_dtype : 0;
     if (a->recompute && !on_gpu)
         return train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
     t->rule = a->clip_rule >= 0 ? a->clip_rule : a->release ? CLIP_PREV : CLIP_EXACT;
@@ -1000,6 +1021,11 @@ static int resume_state(Trainer *t) {
         return train_fail("%s: the checkpoint was made with clipping rule %s, this run asks for %s (-N)", path,
                           st->clip_rule == CLIP_PREV ? "prev" : "exact", t->rule == CLIP_PREV ? "prev" : "exact");
     t->prev_norm = st->prev_norm;
+    // the checkpoint's group scales; version 1 records none (bf16 before e6m10): -S may name them
+    if (a->scale_dtype >= 0 && a->scale_dtype != st->scale_dtype && st->version >= 2)
+        return train_fail("%s: the checkpoint's flash group scales are %s, this run asks for %s (-S): leave -S out to "
+                          "resume with the checkpoint's", path, scale_dtypes[st->scale_dtype].name, scale_dtypes[a->scale_dtype].name);
+    t->scale = a->scale_dtype >= 0 ? a->scale_dtype : (int)st->scale_dtype;
     if (st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
         st->release != a->release || st->accum != a->accum)
         return train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
@@ -1330,6 +1356,7 @@ static void print_banner(Trainer *t) {
     const char *map = a->map == BNB8_MAP_LINEAR ? "linear" : "dynamic";
     if (r->states == BNB8_STATE_8BIT && a->blocksize) printf(" (%s map, blocks of %lld)", map, (long long)a->blocksize);
     if (r->states == BNB8_STATE_8BIT && !a->blocksize) printf(" (%s map, one absmax per tensor)", map);
+    if (r->states == BNB8_STATE_FLASH) printf(" (%s group scales)", scale_dtypes[t->scale].name);
     printf("\n");
     printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g (%s)\n",
            t->oc->name, (double)t->lr, (long long)a->warmup, (double)(t->lr * a->final_lr_frac), (double)t->wd,
@@ -1396,7 +1423,8 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
-                         bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm, t->train_file.count, t->train_digest};
+                         bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm, t->recipe->states == BNB8_STATE_FLASH ? t->scale : 0,
+                         t->train_file.count, t->train_digest};
     float *masters;
     if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
     if (a->verbose)

@@ -43,6 +43,16 @@ extern const OptimizerChoice optimizers[];
 extern const int num_optimizers;
 int find_optimizer(const char *name);
 
+// The flash recipe's group scale dtypes (-S); a row's index is the trainer state file's (word 24):
+// new rows go last.
+typedef struct {
+    const char *name;
+    bnb8_dtype dtype;
+} ScaleDtype;
+extern const ScaleDtype scale_dtypes[];
+extern const int num_scale_dtypes;
+int find_scale_dtype(const char *name);
+
 #define DEFAULT_DATA_DIR "dev/data/fortunes/"
 // A run whose training loss is not finite, or whose update is skipped (a non-finite gradient
 // norm), this many steps in a row has diverged (or its model or data give NaN): it stops with an
@@ -67,6 +77,8 @@ typedef struct {
     const char *recipe, *optimizer;
     int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
     int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
+    int scale_dtype;          // -S, flash only: the group scales' dtype, an index of scale_dtypes[] (0 e6m10,
+                              // 1 bf16, 2 fp16, 3 fp32); -1: e6m10, or the checkpoint's when resuming
     int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
     int parity;               // 1: the fp32 parity model (-P fp32): fp32 weights and gradients, no master
     int release;              // gradient release (GPU): step each layer inside backward
@@ -140,6 +152,8 @@ typedef struct {
     int64_t clip_rule;        // CLIP_EXACT or CLIP_PREV (word 22)
     double prev_norm;         // CLIP_PREV: the norm of this step's mean gradient, which the next step
                               // clips with; NAN: none (word 23, the double's bits)
+    int64_t scale_dtype;      // flash: the group scales' dtype, an index of scale_dtypes[] (word 24; 0:
+                              // e6m10, and 0 for the other recipes); version 1 with flash: 1 (bf16)
     int64_t train_tokens;     // the training tokens' count and digest (tokens_digest; words 25, 26):
     int64_t train_digest;     // a resume on other data is refused (0: not recorded, older files)
 } TrainerState;
@@ -205,6 +219,7 @@ struct Trainer {
     Layout lay;                      // the recipe on this run's device and model
     const OptimizerChoice *oc;
     float lr, wd;                    // peak learning rate and weight decay of this run
+    int scale;                       // flash: the group scales' dtype, an index of scale_dtypes[]
     const Device *dev;
     char where[192];                 // the device, for the banner and the report
     GPT2 model;                      // CPU: the model; GPU: the host copy of its weights

@@ -25,7 +25,8 @@ inputs, every element checked.
      weight with every int8 correction, the correction of weights of every exponent, companded
      codes of values on and next to every code boundary of scales of every exponent, with the
      reciprocal off by up to 1 ulp and the reciprocal square root by up to 2 ulp: a result the
-     fast form vouches for is the exact one, and it vouches for all but the rare cases.
+     fast form vouches for is the exact one, and it vouches for all but the rare cases; the fast
+     e6m10 scale encode / decode on every bit pattern and the range's edges (no subnormal branch).
   6. The optimizer object: export / import of the fp32 master, save -> load -> continue is
      bit-identical (the file restores the corrected weights), mismatched files are refused,
      7.125 / 5.125 persistent bytes per parameter, min_8bit_size, misuse.
@@ -1296,6 +1297,8 @@ static void test_fast_compand(void) {
                 float scale = bnb8_e6m10_to_f32(sb);
                 if (scale_ok != (amax >= 0x1p-39f && amax <= BNB8_E6M10_MAX) && refused_wrongly++ < 5)
                     EXPECT(0, "e6m10 scale of absmax %a: vouched %d", (double)amax, scale_ok);
+                if (scale_ok && sb != bnb8_f32_to_e6m10(amax) && refused_wrongly++ < 5)
+                    EXPECT(0, "e6m10 scale of absmax %a: fast bits %#x, exact %#x", (double)amax, sb, bnb8_f32_to_e6m10(amax));
                 int rcp_ok = 1;
                 float r = bnb8_compand_rcp(scale, &rcp_ok);
                 for (int k = 0; k < 600; k++) {
@@ -1332,6 +1335,34 @@ static void test_fast_compand(void) {
         if (verbose) printf("    fast %s codes, e6m10 scales: %lld of %lld vouched for\n", is_signed ? "signed" : "unsigned",
                             (long long)vouched, (long long)tried);
     }
+    // The fast e6m10 forms have no subnormal branch: the encoder vouches for the normal range and 0
+    // only (and then gives the exact bits), the decoder for 0 and the normal bits (and then gives
+    // the exact value); a subnormal scale, stored or new, goes the exact way. Every bit pattern, and
+    // absmax values at the range's edges and in every binade from 2^-52 to 2^26.
+    int64_t decode_wrong = 0, encode_wrong = 0;
+    for (uint32_t h = 0; h <= 0xffffu; h++) {
+        int ok = 1;
+        float v = bnb8_e6m10_fast_to_f32(h, &ok);
+        if ((ok != (h == 0 || h >= 0x400u) || (ok && bnb8_f32_bits(v) != bnb8_f32_bits(bnb8_e6m10_to_f32((uint16_t)h)))) &&
+            decode_wrong++ < 5)
+            EXPECT(0, "e6m10 %#x: fast %a vouched %d, exact %a", h, (double)v, ok, (double)bnb8_e6m10_to_f32((uint16_t)h));
+    }
+    const float edges[] = {0.0f, 0x1p-149f, 0x1p-50f, 0x1.8p-50f, 0x1p-49f, 0x1.ffcp-40f, 0x1.ffep-40f, nextafterf(0x1p-39f, 0.0f), 0x1p-39f,
+                           nextafterf(0x1p-39f, 1.0f), 0x1.002p-39f, 0x1.001p-39f, 1.0f, BNB8_E6M10_MAX, nextafterf(BNB8_E6M10_MAX, INFINITY),
+                           0x1.ffep23f, nextafterf(0x1.ffep23f, 0.0f), 0x1p24f, 3.39e38f, INFINITY};
+    for (int k = 0; k < (int)(sizeof edges / sizeof edges[0]) + 79 * 64; k++) {
+        float amax = k < (int)(sizeof edges / sizeof edges[0]) ? edges[k] : (float)ldexp(1.0 + test_uniform(&rng), -52 + k % 79);
+        int ok = 1;
+        uint32_t b = bnb8_scale_e6m10_fast(amax, &ok);
+        int normal = amax == 0.0f || (amax >= 0x1p-39f && amax <= BNB8_E6M10_MAX);
+        if ((ok != normal || (ok && b != bnb8_f32_to_e6m10(amax))) && encode_wrong++ < 5)
+            EXPECT(0, "e6m10 of absmax %a: fast %#x vouched %d, exact %#x", (double)amax, b, ok, bnb8_f32_to_e6m10(amax));
+        int dok = 1;
+        if (ok && (bnb8_e6m10_fast_to_f32(b, &dok) != bnb8_scale_round(amax, BNB8_E6M10) || !dok) && encode_wrong++ < 5)
+            EXPECT(0, "e6m10 of absmax %a: fast scale not the exact one", (double)amax);
+    }
+    EXPECT(decode_wrong == 0 && encode_wrong == 0, "fast e6m10: %lld decodes, %lld encodes wrong", (long long)decode_wrong,
+           (long long)encode_wrong);
     // All-zero groups (scale 0) are common (unused embedding rows): their codes are vouched for.
     for (int zs = 0; zs < 4; zs++) {
         int ok = 1;

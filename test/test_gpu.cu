@@ -160,10 +160,11 @@ static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop
 // (blocksize 0). Every 4th step is a subset step of `subset` tensors: ids step, step - 1, ... mod
 // the count (from 2 on, a later tensor before an earlier one). huge: at step 1, elements 32..34 of
 // each tensor get the gradients {huge, 0, 1} (group scales at their dtype's largest value).
+// g_scale: the gradients' magnitude (51 times it every 7th step).
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
                                const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
                                const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f,
-                               int64_t t0_blocks = 0, float huge = 0.0f) {
+                               int64_t t0_blocks = 0, float huge = 0.0f, float g_scale = 0.01f) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -211,7 +212,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
     int sums_equal = 1;
     for (int step = 1; step <= steps; step++) {
         for (size_t i = 0; i < t.size(); i++) {
-            fill_random(t[i].g_cpu.data(), gdtype, t[i].n, 0.01f * (1.0f + (step % 7 == 0) * 50.0f));
+            fill_random(t[i].g_cpu.data(), gdtype, t[i].n, g_scale * (1.0f + (step % 7 == 0) * 50.0f));
             if (step % 10 == 3 && t[i].n > 10) bnb8_store(t[i].g_cpu.data(), gdtype, step % t[i].n, NAN);
             if (huge != 0.0f && step == 1 && t[i].n > 34) {
                 bnb8_store(t[i].g_cpu.data(), gdtype, 32, huge);
@@ -399,6 +400,22 @@ static void test_flash_parity(void) {
             EXPECT(worst == 0.0 && equal, "%s flash, %s scales, gradients 3.39e38: params differ by %g rel, states or exports %s",
                    name, dtype_name(sdt), worst, equal ? "equal" : "differ");
         }
+    // Gradients of 3e-13 (1.5e-11 every 7th step): group maxima around e6m10's smallest normal
+    // 2^-39 (1.8e-12), so that the fast path meets subnormal scales, new and stored (a group that
+    // grows past 2^-39 loads a subnormal one), and sends those chunks to the exact path.
+    for (int k : {0, 1, 2, 4}) {
+        bnb8_config c = bnb8_config_default(kinds[k]);
+        c.format = BNB8_STATE_FLASH;
+        c.min_8bit_size = 0;
+        c.weight_decay = 0.01f;
+        int same = 0;
+        double w = optimizer_parity(kinds[k], c, BNB8_BF16, BNB8_BF16, sizes, steps(30), &same, NULL, NULL, 1, 0.1f, 0, 0.0f, 3e-13f);
+        const char *name = flash_kind_name(kinds[k], 0);
+        printf("    %-12s flash p bf16 g bf16 ecc int8  gradients 3e-13 (subnormal scales): %s\n", name,
+               w == 0.0 && same ? "bit-identical" : "DIFFERENT");
+        EXPECT(w == 0.0 && same, "%s flash, gradients 3e-13: params differ by %g rel, states or exports %s", name, w,
+               same ? "equal" : "differ");
+    }
     // Weights near the bottom of bf16's range (1e-36, lr 1e-37): the default configuration's fast
     // path leaves their corrections to the exact one (bnb8_ecc8_value_fast, bnb8_ecc8_code_fast).
     bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);

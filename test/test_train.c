@@ -445,6 +445,9 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
     a.stable_embedding = stable;
     a.eval_every = 4;
     a.clip_rule = rule;
+    int flash = strcmp(recipe, "flash") == 0;
+    // flash in the old layout: made with bf16 scales (-S bf16), as checkpoints before e6m10 were
+    if (flash && old_layout) a.scale_dtype = find_scale_dtype("bf16");
     GPT2Config c;
     gpt2_config_from_descriptor(&c, a.model);
     c.stable_embedding = stable;
@@ -474,6 +477,7 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
         EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
         TrainArgs o = a;
         o.out_dir = dir_c; o.stop_after = 0; o.resume = 1;
+        o.scale_dtype = -1;      // version 1 + flash: bf16 scales without -S
         float lc[12];
         float *wc = (float *)malloc(sizeof(float) * (size_t)n);
         TrainResult rc = {0};
@@ -485,6 +489,13 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
         EXPECT(wc && memcmp(la, lc, sizeof la) == 0 && memcmp(wa, wc, sizeof(float) * (size_t)n) == 0 &&
                memcmp(&ra.val_loss, &rc.val_loss, 4) == 0, "%s %s: the old layout's resume differs from never stopping",
                recipe, optimizer);
+        if (flash) {             // version 1 records no scale dtype: -S names it, and the library checks it
+            test_remove_tree(dir_c, 0);
+            EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
+            o.scale_dtype = find_scale_dtype("e6m10");
+            EXPECT(train_run(&o, NULL) != 0 && strstr(train_error_text, "saved with bf16 group scales"),
+                   "%s: the old layout with -S e6m10: '%s'", recipe, train_error_text);
+        }
         test_remove_tree(dir_c, 0);
         EXPECT(write_old_layout(dir_b, dir_c, K, &c, wk), "%s: cannot write the old layout", recipe);
         checkpoint_path(model, sizeof model, dir_c, "model", K, ".bin");
@@ -499,6 +510,7 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
     for (int i = (int)K; i < 12; i++) lb[i] = NAN;
     a.stop_after = 0;
     a.resume = 1;
+    a.scale_dtype = -1;          // the checkpoint's (word 24)
     EXPECT(train_run(&a, &rb) == 0 && rb.first_step == K + 1 && rb.last_step == N, "resumed part: %s (steps %lld..%lld)",
            train_error_text, (long long)rb.first_step, (long long)rb.last_step);
     for (int i = 0; i < 12; i++)
@@ -508,6 +520,15 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
            recipe, optimizer, stable);
     EXPECT(memcmp(&ra.val_loss, &rb.val_loss, 4) == 0, "%s: val loss %.9g vs resumed %.9g", recipe, (double)ra.val_loss,
            (double)rb.val_loss);
+    if (flash) {                 // a resume that asks for other group scales than the checkpoint's
+        TrainArgs other = a;
+        other.scale_dtype = old_layout ? find_scale_dtype("e6m10") : find_scale_dtype("fp32");
+        other.steps = N + 5;
+        const char *have = old_layout ? "are bf16" : "are e6m10", *want = old_layout ? "asks for e6m10" : "asks for fp32";
+        EXPECT(train_run(&other, NULL) != 0 && strstr(train_error_text, have) && strstr(train_error_text, want) &&
+               strstr(train_error_text, "-S"), "%s: resume with -S %s: '%s'", recipe, scale_dtypes[other.scale_dtype].name,
+               train_error_text);
+    }
     if (rule == CLIP_PREV) {   // the rule acted, and the resumed run clipped with the checkpoint's norm
         EXPECT(ra.clipped_steps > 0, "%s -N prev: no step clipped (the test would not see the rule)", recipe);
         TrainArgs exact = a;
@@ -980,7 +1001,7 @@ static void test_state_files(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d2c32h2v60t16");
     c.stable_embedding = 1;
-    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6, CLIP_PREV, 1.5,
+    TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6, CLIP_PREV, 1.5, 0,
                      .train_tokens = 5000, .train_digest = -0x123456789abcdefll}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
     EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
@@ -1006,7 +1027,8 @@ static void test_state_files(void) {
         {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"},
         {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"},
         {22, 2, "inconsistent", "clipping rule 2"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
-        {25, -1, "training token count", "a negative token count"}};
+        {25, -1, "training token count", "a negative token count"},
+        {24, 1, "scale dtype", "bf16 scales for the 8bit recipe"}, {24, -1, "scale dtype", "scale dtype -1"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[32];
         memcpy(v, w, sizeof v);
@@ -1036,6 +1058,23 @@ static void test_state_files(void) {
            back.weight_bytes == 0 && back.clip_rule == CLIP_EXACT && isnan(back.prev_norm),
            "version 1 state file (the exact rule, no previous norm): %s", train_error_text);
     write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "oversized", "state: version 1 of 32 words");
+    // Word 24, the flash recipe's group scale dtype: every one round-trips, 0 is e6m10 (the version 2
+    // files written before the word, with e6m10 scales), 4 is none; version 1 with flash is bf16.
+    TrainerState fl = s;
+    fl.recipe = find_recipe("flash");
+    for (int k = 0; k < num_scale_dtypes; k++) {
+        fl.scale_dtype = k;
+        EXPECT(write_atomically(bad, state_writer, &fl) == 0 && state_load(&back, bad) == 0 &&
+               memcmp(&back, &fl, sizeof fl) == 0, "flash state with %s scales: %s", scale_dtypes[k].name, train_error_text);
+    }
+    EXPECT(scale_dtypes[0].dtype == BNB8_E6M10, "word 24 = 0: e6m10");
+    memcpy(v, w, sizeof v);
+    v[7] = fl.recipe; v[24] = num_scale_dtypes;
+    write_state_words(bad, v, 32, 1);         expect_refused(load_state_file, bad, "scale dtype", "state: flash, scale dtype 4");
+    v[1] = 1; v[14] = 0; v[15] = 0;
+    write_state_words(bad, v, 16, 0);
+    EXPECT(state_load(&back, bad) == 0 && back.version == 1 && scale_dtypes[back.scale_dtype].dtype == BNB8_BF16,
+           "version 1 flash state: bf16 scales (%lld): %s", (long long)back.scale_dtype, train_error_text);
     // The optimizer's state file is the library's; its refusal reaches the trainer with the path.
     TrainArgs a;
     train_args_default(&a);
@@ -1173,7 +1212,8 @@ static void test_settings(void) {
         {3, {"t", "-y", "2"}, "-y"}, {3, {"t", "-bb", "2"}, "unexpected"}, {3, {"t", "-D", "tpu"}, "device"},
         {3, {"t", "-R", "2"}, "-R"}, {3, {"t", "-M", "log"}, "map"}, {3, {"t", "-K", "8192"}, "-K"},
         {3, {"t", "-A", "0"}, "-A expects"}, {3, {"t", "-C", "2"}, "-C expects"}, {3, {"t", "-P", "fp16"}, "-P"},
-        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}, {3, {"t", "-F", "fp16"}, "-F"}, {2, {"t", "-X"}, "needs a value"}};
+        {3, {"t", "-r", "8bit-int16"}, "8bit-int8"}, {3, {"t", "-F", "fp16"}, "-F"}, {2, {"t", "-X"}, "needs a value"},
+        {3, {"t", "-S", "e5m10"}, "e6m10, bf16, fp16, fp32"}};
     TrainArgs a;
     char given[128];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1193,6 +1233,11 @@ static void test_settings(void) {
            "-X m.bin -F fp32: %s", train_error_text);
     parse_args(1, (char **)export_flags, &a, given);
     EXPECT(a.export_path[0] == 0 && a.export_bf16 == 1, "-X and -F default: none, bf16");
+    const char *scales[] = {"t", "-S", "fp16"};
+    EXPECT(parse_args(3, (char **)scales, &a, given) == 0 && scale_dtypes[a.scale_dtype].dtype == BNB8_F16, "-S fp16: %s",
+           train_error_text);
+    parse_args(1, (char **)scales, &a, given);
+    EXPECT(a.scale_dtype == -1, "-S default: -1 (e6m10, or the checkpoint's)");
     const char *more[] = {"t", "-A", "3", "-C", "1"};
     EXPECT(parse_args(5, (char **)more, &a, given) == 0 && a.accum == 3 && a.recompute == 1, "-A 3 -C 1: %s", train_error_text);
     const char *parity[] = {"t", "-r", "8bit-int8", "-P", "fp32"};
@@ -1232,6 +1277,14 @@ static void test_settings(void) {
     tiny_args(&a, "flash", "adamw", 3);
     a.blocksize = 512;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-r 8bit"), "-K with flash: '%s'", train_error_text);
+    // -S sets the flash recipe's group scales: refused with another recipe
+    for (int k = 0; k < 3; k++) {
+        const char *rec[3] = {"fp32", "8bit", "8bit-int8"};
+        tiny_args(&a, rec[k], "adamw", 3);
+        a.scale_dtype = 1;
+        EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-S") && strstr(train_error_text, "-r flash"),
+               "-S bf16 with %s: '%s'", rec[k], train_error_text);
+    }
     // 8bit-int8 has the 8-bit states of 8bit: the ablations apply; its weights carry the correction
     tiny_args(&a, "8bit-int8", "adamw", 3);
     a.map = BNB8_MAP_LINEAR; a.blocksize = 0;
