@@ -669,6 +669,9 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' has param and grad on different devices", fn, name);
     const bnb8_override *o = bnb8_find_override(opt, name);
     t.cfg = o ? o->cfg : opt->cfg;
+    if (t.cfg.gnorm_scale_at && (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(t.cfg.gnorm_scale_at)) != t.on_gpu)
+        return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' is %s memory, its cfg.gnorm_scale_at is not", fn, name,
+                         t.on_gpu ? "GPU" : "host");
     t.format = t.cfg.format != BNB8_STATE_32BIT && n >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
     for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
@@ -1054,6 +1057,7 @@ static double bnb8_sum_squares_cpu(const bnb8_tensor *t) {
 // dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
     t->step++;
+    if (t->cfg.gnorm_scale_at) gnorm_scale *= *t->cfg.gnorm_scale_at;   // before the percentile's, as on the GPU
     if (t->cfg.sum_squares) t->sum_squares = bnb8_sum_squares_cpu(t);
     if (t->cfg.percentile_clipping < 100) {
         double g2 = 0.0;
@@ -1127,6 +1131,7 @@ static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float l
         g->correction = t->correction;
         for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
         g->sum_squares = t->cfg.sum_squares ? opt->gpu_sums + ids[i] : NULL;
+        g->gnorm_scale_at = t->cfg.gnorm_scale_at;
     }
     float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
     status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], opt->books[opt->cfg.map], stream);

@@ -141,6 +141,9 @@ typedef struct {
                                  // bf16's range, nearest), BNB8_BF16 or BNB8_F16 (rounded up), BNB8_F32
     int sum_squares;             // 1: each step also sums g^2 of the finite raw gradients (before gnorm_scale),
                                  // read back with bnb8_optimizer_sum_squares (default 0); see it for the order
+    const float *gnorm_scale_at; // NULL (default), or a float by which each step multiplies its gnorm_scale, read
+                                 // as the step runs: in the tensor's memory (GPU: device memory, read in stream
+                                 // order, so a kernel before the step may write it). Must be finite and > 0
 } bnb8_config;
 
 // ==== [api.optimizer] the optimizer object (DESIGN.md §5.5, §6.5, §7) ============================
@@ -915,6 +918,7 @@ typedef struct {
     void *correction;            // (n) int8, int16 or fp32, when correction_bytes > 0
     void *scale[2];              // flash states: (ceil(n / 32)) scales per state
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
+    const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL
     double *units;               // filled by bnb8_cuda.cu: the tensor's per-128-element partial sums
 } bnb8_gpu_tensor;
 

@@ -617,6 +617,15 @@ __device__ bool bnb8_needs_trust(const bnb8_gpu_tensor *t) {
     return (t->args.kind == BNB8_LAMB || t->args.kind == BNB8_LARS) && t->args.max_unorm > 0.0f;
 }
 
+// A tensor's gnorm_scale made final: the step's, times cfg.gnorm_scale_at's device float, times the
+// percentile clipping's scale (the CPU's order, bnb8_step_tensor_cpu).
+__device__ float bnb8_gnorm_scale(const bnb8_gpu_tensor *t, const double *norms, int ti) {
+    float s = t->args.gnorm_scale;
+    if (t->gnorm_scale_at) s *= *t->gnorm_scale_at;
+    if (t->percentile < 100) s *= (float)norms[ti * BNB8_NORMS + 3];
+    return s;
+}
+
 // Pass before the update, for the tensors that need norms: sum g^2 (mode 0, percentile clipping)
 // or sum p^2 and sum u^2 of the update this step would make (mode 1, LAMB and LARS).
 template <int R>
@@ -634,7 +643,7 @@ bnb8_norms_kernel(const bnb8_step_header *h, const bnb8_gpu_tensor *tensors, dou
         if (mode == 0 ? t->percentile >= 100 : !bnb8_needs_trust(t)) continue;   // uniform over the block
         bool vec = bnb8_tensor_vec(t);
         bnb8_step_args args = t->args;
-        if (t->percentile < 100) args.gnorm_scale *= (float)norms[ti * BNB8_NORMS + 3];
+        args.gnorm_scale = bnb8_gnorm_scale(t, norms, ti);
         double a = 0.0, b = 0.0;
         for (int r = 0; r < R; r++) {
             int64_t i = (chunk - t->first_chunk) * R * BNB8_ROW + bnb8_offset<R>(r);
@@ -1323,8 +1332,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                 uint32_t *dst = (uint32_t *)&sm.t;
                 for (int w = threadIdx.x; w < (int)(sizeof(bnb8_gpu_tensor) / 4); w += blockDim.x) {
                     uint32_t word = src[w];
-                    if (w == offsetof(bnb8_gpu_tensor, args.gnorm_scale) / 4 && t->percentile < 100)
-                        word = bnb8_f32_bits(bnb8_bits_f32(word) * (float)norms[ti * BNB8_NORMS + 3]);
+                    if (w == offsetof(bnb8_gpu_tensor, args.gnorm_scale) / 4) word = bnb8_f32_bits(bnb8_gnorm_scale(t, norms, ti));
                     dst[w] = word;
                 }
                 if (threadIdx.x == 0) {

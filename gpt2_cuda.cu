@@ -497,6 +497,49 @@ __global__ void sumsq_kernel(float *partial, const G *x, int64_t n) {
 }
 #define NORM_BLOCKS 1024
 
+// Clipping group by group (gpt2_cuda_clip_group): per tensor of the group CLIP_BLOCKS partial sums of
+// squares, in double, of the finite elements; each sum over the block in one fixed order.
+#define CLIP_BLOCKS 128
+#define CLIP_MAX_TENSORS 16
+typedef struct { const void *p[CLIP_MAX_TENSORS]; int64_t n[CLIP_MAX_TENSORS]; } ClipGroup;
+static_assert(2 * CLIP_MAX_TENSORS * CLIP_BLOCKS <= GPT2_NUM_PARAMS * NORM_BLOCKS, "the clip partials fit the partials");
+__device__ double block_sum_fixed(double v) {
+    __shared__ double warps[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    if (threadIdx.x == 0) for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += warps[w];
+    return s;   // thread 0's
+}
+template <typename G>
+__global__ void clip_sumsq_kernel(double *partial, ClipGroup g) {
+    const G *x = (const G *)g.p[blockIdx.y];
+    const int64_t n = g.n[blockIdx.y];
+    double s = 0.0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = to_float(x[i]);
+        if (fabsf(v) <= 0x1.fffffep127f) s += (double)v * v;   // finite elements, as the optimizer's sums
+    }
+    s = block_sum_fixed(s);
+    if (threadIdx.x == 0) partial[blockIdx.y * gridDim.x + blockIdx.x] = s;
+}
+// One block: the group's sum into sums[k]; the prefix sums[0..k] in order; *scale = step_scale's
+// arithmetic (train_gpt2_8bit.c) for the norm sqrt(prefix / share) / accum.
+__global__ void clip_scale_kernel(const double *partial, int parts, double *sums, int k, double share, float clip,
+                                  int64_t accum, float *scale) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += partial[i];
+    s = block_sum_fixed(s);
+    if (threadIdx.x != 0) return;
+    sums[k] = s;
+    double prefix = 0.0;
+    for (int j = 0; j <= k; j++) prefix += sums[j];
+    double norm = sqrt(prefix / share) / (double)accum;
+    float f = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
+    *scale = f / (float)accum;
+}
+
 // ------------------------------------------------------------------------------------------------
 // The model
 
@@ -1110,6 +1153,7 @@ static int create_inner(GPT2Cuda *m, int B, int T) {
     // as an integer: below it every partial product is an exact integer in double.
     double BT = (double)B * T, X = (double)m->elem, F = 4, b = B, t = T, nchunks = (double)cdiv((int64_t)B * T, COLSUM_ROWS);
     double partial = nchunks * 2 * 4 * C > GPT2_NUM_PARAMS * NORM_BLOCKS ? nchunks * 2 * 4 * C : GPT2_NUM_PARAMS * NORM_BLOCKS;
+    double clip_floats = 2.0 * (L + 2) + 2.0;   // after the partials: gpt2_cuda_clip_group's sums (L + 2 doubles), scale
     // one layer's activations, A_LN1 .. A_FCH_GELU: L of them, or one with recompute (the other block empty)
     double layer[NUM_LAYER_ACTS] = {X * BT * C, F * BT, F * BT, X * BT * 3 * C, X * BT * C, X * b * NH * t * t,
                                     X * BT * C, X * BT * C, F * BT, F * BT, X * BT * 4 * C, X * BT * 4 * C};
@@ -1121,7 +1165,7 @@ static int create_inner(GPT2Cuda *m, int B, int T) {
     double rest[NUM_ACTS - A_RES3] = {
         X * L * BT * C, X * BT * C, F * BT, F * BT, X * BT * Vp, F * BT,
         X * BT * C, X * BT * C, X * BT * 4 * C, X * BT * 3 * C, X * 3 * BT * C, X * 3 * BT * C, X * BT * C,
-        X * b * NH * t * t, F * partial, 4 * (5 * BT + 1), (double)WORKSPACE_BYTES};
+        X * b * NH * t * t, F * (partial + clip_floats), 4 * (5 * BT + 1), (double)WORKSPACE_BYTES};
     memcpy(bytes + A_RES3, rest, sizeof rest);
     double total = 0.0;
     for (int i = 0; i < NUM_ACTS; i++) total += bytes[i] + 256;
@@ -1342,6 +1386,37 @@ extern "C" int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *
         if (m->param_sizes[i])
             for (int b = 0; b < NORM_BLOCKS; b++) s += host[i * NORM_BLOCKS + b];
     *norm = sqrt(s);
+    return 0;
+}
+
+// The clipping buffers after the partials: L + 2 sums, then the scale.
+static double *clip_sums(GPT2Cuda *m) { return (double *)((float *)m->act[A_PARTIAL] + m->partial_floats); }
+extern "C" float *gpt2_cuda_clip_scale(GPT2Cuda *m) { return (float *)(clip_sums(m) + m->c.num_layers + 2); }
+
+extern "C" int gpt2_cuda_clip_group(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, int k,
+                                    double share, float clip, int64_t accum) {
+    if (!m || !bufs || !n) return fail("gpt2_cuda_clip_group: NULL argument");
+    if (count < 1 || count > CLIP_MAX_TENSORS || k < 0 || k >= m->c.num_layers + 2 || !(share > 0.0 && share <= 1.0) ||
+        accum < 1 || (dtype != GPT2_CUDA_BF16 && dtype != GPT2_CUDA_FP32) || (dtype == GPT2_CUDA_BF16 && m->precision != GPT2_CUDA_BF16))
+        return fail("gpt2_cuda_clip_group: %d tensors (1..%d), group %d (0..%d), share %g ((0, 1]), accum %lld, dtype %d",
+                    count, CLIP_MAX_TENSORS, k, m->c.num_layers + 1, share, (long long)accum, dtype);
+    ClipGroup g = {};
+    for (int i = 0; i < count; i++) { g.p[i] = bufs[i]; g.n[i] = n[i]; }
+    double *partial = (double *)m->act[A_PARTIAL];   // CLIP_MAX_TENSORS x CLIP_BLOCKS doubles fit the partials
+    dim3 grid(CLIP_BLOCKS, (unsigned)count);
+    if (dtype == GPT2_CUDA_BF16) clip_sumsq_kernel<bf16><<<grid, 256, 0, m->stream>>>(partial, g);
+    else clip_sumsq_kernel<float><<<grid, 256, 0, m->stream>>>(partial, g);
+    LAUNCHED();
+    clip_scale_kernel<<<1, 256, 0, m->stream>>>(partial, count * CLIP_BLOCKS, clip_sums(m), k, share, clip, accum,
+                                                gpt2_cuda_clip_scale(m));
+    LAUNCHED();
+    return 0;
+}
+
+extern "C" int gpt2_cuda_clip_sums(GPT2Cuda *m, double *host) {
+    if (!m || !host) return fail("gpt2_cuda_clip_sums: NULL argument");
+    CU(cudaMemcpyAsync(host, clip_sums(m), sizeof(double) * (size_t)(m->c.num_layers + 2), cudaMemcpyDeviceToHost, m->stream));
+    CU(cudaStreamSynchronize(m->stream));
     return 0;
 }
 

@@ -122,6 +122,15 @@ int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2
                        void *ctx);
 // The global L2 norm of a full gradient buffer (sums in a fixed order: deterministic). Waits.
 int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *norm);
+// Clipping group by group (the trainer's est rule, DESIGN.md §6.4), in stream order, no wait: the sum
+// of squares of the finite elements of count (1..16) device buffers bufs[i] of n[i] elements of dtype
+// (one fixed order) goes to the model's sums[k] (k in 0..L+1), then gpt2_cuda_clip_scale's float
+// becomes the gnorm_scale that clips at clip (0 = off) the norm sqrt((sums[0] + .. + sums[k]) / share)
+// / accum (share in (0, 1]): clip / norm when norm > clip > 0, else 1, divided by accum.
+int gpt2_cuda_clip_group(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, int k,
+                         double share, float clip, int64_t accum);
+float *gpt2_cuda_clip_scale(GPT2Cuda *m);              // device memory (the optimizer's cfg.gnorm_scale_at)
+int gpt2_cuda_clip_sums(GPT2Cuda *m, double *host);    // sums[0..L+1] to the host. Waits.
 
 // Memory, for the trainer's report: the parameter allocation, and the activation allocation tensor
 // by tensor (index 0 .. gpt2_cuda_num_act_tensors() - 1; scratch and the cuBLASLt workspace included).

@@ -108,10 +108,16 @@ static const char *master_name(const Layout *l) {
 
 // The optimizer's tensors, registered in parameter order. Under gradient release each per-layer
 // tensor is registered as L slices, "qkvw.0" .. "qkvw.L-1", so that a layer's slices can be stepped
-// as soon as backward has its gradients; so is it under the prev clipping rule, whose norm sums the
-// optimizer's per-tensor sums: the same tensors make the same bits with release and without.
+// as soon as backward has its gradients; so is it under the prev and est clipping rules (prev sums
+// the optimizer's per-tensor sums, est steps layer by layer): the same tensors make the same bits
+// with release and without.
 static int64_t tensor_slices(const Trainer *t, int i) {
-    return (t->a.release || t->rule == CLIP_PREV) && gpt2_param_is_layer(i) ? t->model.config.num_layers : 1;
+    return (t->a.release || t->rule != CLIP_EXACT) && gpt2_param_is_layer(i) ? t->model.config.num_layers : 1;
+}
+// Slice l (of n elements) of tensor i's gradients, where the optimizer reads them; under release the
+// one slice every layer's gradients pass through.
+static void *slice_grad(const Trainer *t, int i, int64_t l, int64_t n) {
+    return (char *)t->grad[i] + (t->a.release ? 0 : bnb8_dtype_size(t->lay.grads) * (size_t)(l * n));
 }
 // The optimizer id of slice l of tensor i.
 static int optimizer_id(const Trainer *t, int i, int64_t l) {
@@ -143,8 +149,9 @@ static int optimizer_build(Trainer *t) {
     if (r->states == BNB8_STATE_FLASH) cfg.scale_dtype = scale_dtypes[t->scale].dtype;
     cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
     cfg.sum_squares = t->rule == CLIP_PREV;         // the norm the next step clips with
+    cfg.gnorm_scale_at = t->rule == CLIP_EST ? t->scale_at : NULL;   // each group's scale, set before its step
     if (t->oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
-    size_t es = bnb8_dtype_size(lay->weights), gs = bnb8_dtype_size(lay->grads);
+    size_t es = bnb8_dtype_size(lay->weights);
     if (bnb8_optimizer_create(&t->opt, t->oc->kind, &cfg)) return train_fail("optimizer: %s", bnb8_last_error());
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         t->state_bytes[i] = 0.0;
@@ -165,9 +172,7 @@ static int optimizer_build(Trainer *t) {
             double before = bnb8_optimizer_memory(t->opt, 0).states;
             int id = -1;
             char *param = (char *)t->param[i] + es * (size_t)(l * n);
-            // a tensor's gradients; under release, the one slice every layer's gradients pass through
-            char *grad = (char *)t->grad[i] + (t->a.release ? 0 : gs * (size_t)(l * n));
-            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, grad, lay->grads, n, &id))
+            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, slice_grad(t, i, l, n), lay->grads, n, &id))
                 return train_fail("optimizer: %s", bnb8_last_error());
             // bf16 weights: bf16 + master of the fp32 weights (fp32 ones already are the weights)
             if (lay->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n))
@@ -196,6 +201,10 @@ static int export_masters(const Trainer *t, float *out) {
 static int optimizer_open(Trainer *t) {
     if (optimizer_build(t)) return -1;
     if (t->rule == CLIP_PREV && !(t->sums = (double *)malloc(sizeof(double) * (size_t)bnb8_optimizer_count(t->opt))))
+        return train_fail("out of memory");
+    size_t groups = (size_t)t->model.config.num_layers + 2;
+    if (t->rule == CLIP_EST && (!(t->group_sums = (double *)calloc(groups, sizeof(double))) ||
+                                !(t->shares = (double *)calloc(groups, sizeof(double)))))
         return train_fail("out of memory");
     if (t->start > 0) {
         char path[TRAIN_PATH_MAX], where[160];
@@ -228,6 +237,100 @@ float step_scale(double norm, float clip, int64_t accum) {
 
 // The norm a step clips with: this step's (exact) or the previous step's (prev).
 static double clip_norm(const Trainer *t, double norm) { return t->rule == CLIP_PREV ? t->prev_norm : norm; }
+
+const char *const clip_rule_names[3] = {"exact", "prev", "est"};
+
+// The est rule (train_gpt2_8bit.h, DESIGN.md §6.4): the shares F(j) of the groups, from the profile
+// (before step 1, the parameters' own shares).
+void est_shares(const double profile[3], const GPT2Config *c, double *shares) {
+    int L = c->num_layers, top = (L + 1) / 2, bottom = L - top;
+    double p[3] = {profile[0], profile[1], profile[2]};
+    if (isnan(p[0])) {
+        int64_t sizes[GPT2_NUM_PARAMS], total = 0, layers = 0;
+        gpt2_param_sizes(c, sizes);
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) { total += sizes[i]; layers += gpt2_param_is_layer(i) ? sizes[i] : 0; }
+        p[0] = (double)(sizes[GPT2_LNFW] + sizes[GPT2_LNFB]) / (double)total;
+        p[1] = (double)layers / (double)total * top / L;
+        p[2] = (double)layers / (double)total * bottom / L;
+    }
+    for (int j = 0; j <= L; j++) {   // j layers final after group 0
+        double f = p[0] + p[1] * (j < top ? j : top) / top + (j > top ? p[2] * (j - top) / bottom : 0.0);
+        shares[j] = f > 0.0 && f <= 1.0 ? f : 1.0;   // none expected so far (or rounding past 1): the sum itself
+    }
+    shares[L + 1] = 1.0;
+}
+
+void est_update(double profile[3], const double *sums, int L) {
+    int top = (L + 1) / 2;
+    double total = 0.0, part[3] = {sums[0], 0.0, 0.0};
+    for (int j = 0; j < L + 2; j++) total += sums[j];
+    for (int j = 1; j <= L; j++) part[j <= top ? 1 : 2] += sums[j];
+    if (!(total > 0.0 && isfinite(total))) return;
+    for (int k = 0; k < 3; k++)
+        profile[k] = isnan(profile[k]) ? part[k] / total : EST_DECAY * profile[k] + (1.0 - EST_DECAY) * (part[k] / total);
+}
+
+// Group g in backward's order (0 the final LayerNorm, 1..L layers L-1..0, L+1 the embeddings): its
+// optimizer ids, with their gradients and sizes where the optimizer reads them; returns the count.
+static int group_tensors(const Trainer *t, int g, int *ids, void **grads, int64_t *n) {
+    static const int lnf[] = {GPT2_LNFW, GPT2_LNFB}, embed[] = {GPT2_WTE, GPT2_WPE, GPT2_LNEW, GPT2_LNEB};
+    const GPT2 *m = &t->model;
+    int L = m->config.num_layers, count = 0;
+    if (g >= 1 && g <= L) {
+        for (int i = GPT2_FIRST_LAYER_PARAM; i <= GPT2_LAST_LAYER_PARAM; i++) {
+            n[count] = m->param_sizes[i] / L;
+            grads[count] = slice_grad(t, i, L - g, n[count]);
+            ids[count++] = optimizer_id(t, i, L - g);
+        }
+        return count;
+    }
+    const int *list = g == 0 ? lnf : embed;
+    for (int k = 0; k < (g == 0 ? 2 : 4); k++) {
+        if (!m->param_sizes[list[k]]) continue;
+        n[count] = m->param_sizes[list[k]];
+        grads[count] = t->grad[list[k]];
+        ids[count++] = optimizer_id(t, list[k], 0);
+    }
+    return count;
+}
+// backward's group `which` (GPT2_GRADS_LNF, a layer, GPT2_GRADS_EMBED) as a group index.
+static int group_of(const Trainer *t, int which) {
+    return which == GPT2_GRADS_LNF ? 0 : which == GPT2_GRADS_EMBED ? t->model.config.num_layers + 1
+                                       : t->model.config.num_layers - which;
+}
+
+// The est rule's norm for group g from this step's sums of the groups 0..g, and its scale.
+static double est_norm(const Trainer *t, int g) {
+    double prefix = 0.0;
+    for (int j = 0; j <= g; j++) prefix += t->group_sums[j];
+    return sqrt(prefix / t->shares[g]) / (double)t->a.accum;
+}
+
+// One group of a step: without est, stepped at gnorm_scale scale; with est, its sums and scale
+// first (the device row), then its step at 1 (the optimizer reads the scale where it lies).
+static int step_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream) {
+    int ids[GPT2_NUM_PARAMS], count;
+    void *grads[GPT2_NUM_PARAMS];
+    int64_t n[GPT2_NUM_PARAMS];
+    count = group_tensors(t, g, ids, grads, n);
+    if (t->rule == CLIP_EST && t->dev->clip_group(t, g, grads, n, count)) return -1;
+    if (bnb8_optimizer_step_tensors(t->opt, ids, count, lr, t->rule == CLIP_EST ? 1.0f : scale, stream))
+        return train_fail("optimizer step: %s", bnb8_last_error());
+    return 0;
+}
+// The est rule after a step (its sums in t->group_sums): the norm of the step's mean gradient,
+// the range of the norms its layers were stepped with, the profile for the next step.
+static void est_finish(Trainer *t, double *norm) {
+    int L = t->model.config.num_layers;
+    t->est_lo = INFINITY; t->est_hi = -INFINITY;
+    for (int g = 1; g <= L; g++) {
+        double e = est_norm(t, g);
+        t->est_lo = e < t->est_lo ? e : t->est_lo;
+        t->est_hi = e > t->est_hi ? e : t->est_hi;
+    }
+    *norm = est_norm(t, L + 1);
+    est_update(t->profile, t->group_sums, L);
+}
 
 // CLIP_PREV, after a step: the norm of this step's mean gradient from the optimizer's per-tensor
 // sums of g^2 (of the gradients it read), summed in tensor order; the next step clips with it.
@@ -303,8 +406,10 @@ void usage(FILE *f) {
         "  -c <float>  weight decay on matrices (default per optimizer: adamw %g, lion %g, sgd %g)\n"
         "  -g <float>  clip the global gradient norm at this, 0 = off (default %g)\n"
         "  -N <rule>   the norm -g clips with: exact (this step's, formed after backward; not with -R 1) | prev\n"
-        "              (the previous step's, summed by the optimizer as it reads gradients: no extra pass, works\n"
-        "              with -R 1; step 1 is not clipped) (default: prev with -R 1, else exact)\n"
+        "              (the previous step's, summed by the optimizer as it reads gradients: works with -R 1; step 1\n"
+        "              is not clipped) | est (this step's, estimated as backward finishes each layer: its sums so\n"
+        "              far over their usual share, exact for the embeddings; works with -R 1) (default: est with\n"
+        "              -R 1, else exact)\n"
         "  -v <int>    evaluate the validation loss every this many steps and at the end, 0 = never (default %lld)\n"
         "  -m <int>    at most this many validation batches, 0 = all of the file's (default %lld)\n"
         "  -s <int>    print a sample every this many steps, 0 = only at the end (default %lld)\n"
@@ -407,7 +512,8 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 'N':
             if (strcmp(v, "exact") == 0) a->clip_rule = CLIP_EXACT;
             else if (strcmp(v, "prev") == 0) a->clip_rule = CLIP_PREV;
-            else st = train_fail("-N: unknown clipping rule '%s' (exact, prev)", v);
+            else if (strcmp(v, "est") == 0) a->clip_rule = CLIP_EST;
+            else st = train_fail("-N: unknown clipping rule '%s' (exact, prev, est)", v);
             break;
         case 'v': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->eval_every); break;
         case 'm': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->val_batches); break;
@@ -429,7 +535,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
 }
 
 // On the GPU, what `make train` shows by default: GPT-2 124M with the flash recipe and gradient
-// release (clipped with the previous step's norm), B=16 x T=1024 (flags given on the command line win).
+// release (clipped with this step's norm, estimated: est), B=16 x T=1024 (flags given on the command line win).
 void apply_gpu_defaults(TrainArgs *a, const char given[128]) {
     if (!given['e']) a->model = "d12";
     if (!given['r']) a->recipe = "flash";
@@ -463,6 +569,7 @@ int state_writer(FILE *f, const void *state) {
     w[24] = s->scale_dtype;
     w[25] = s->train_tokens;
     w[26] = s->train_digest;
+    memcpy(&w[28], s->est_profile, sizeof s->est_profile);
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
@@ -473,8 +580,9 @@ int state_load(TrainerState *s, const char *path) {
     FILE *f = open_input(path, "trainer state");
     if (!f) return -1;
     int64_t w[STATE_WORDS] = {0}, size;   // version 1 (16 words): the exact rule, no norm (word 23 NaN)
-    double none = NAN;
-    memcpy(&w[23], &none, sizeof none);
+    double none[3] = {NAN, NAN, NAN};
+    memcpy(&w[23], none, sizeof(double));
+    memcpy(&w[28], none, sizeof none);
     int status = file_size_of(f, path, &size);
     if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
     int64_t words = w[1] == 1 ? 16 : STATE_WORDS;   // by the version, when the file has one
@@ -497,12 +605,13 @@ int state_load(TrainerState *s, const char *path) {
     s->train_tokens = w[25]; s->train_digest = w[26];
     int flash = s->recipe >= 0 && s->recipe < num_recipes && recipes[s->recipe].states == BNB8_STATE_FLASH;
     s->scale_dtype = s->version == 1 ? flash : w[24];   // version 1 (before e6m10): bf16 scales
+    memcpy(s->est_profile, &w[28], sizeof s->est_profile);
     // each field against its range, the message naming the first that is out of it
     const struct { const char *name; int64_t v, lo, hi; } f_[] = {
         {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
         {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
         {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
-        {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_PREV},
+        {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_EST},
         {"training token count", s->train_tokens, 0, INT64_MAX},
         {"scale dtype", s->scale_dtype, 0, flash ? num_scale_dtypes - 1 : 0},
         {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
@@ -513,6 +622,10 @@ int state_load(TrainerState *s, const char *path) {
                               (long long)f_[i].v, i == last ? "0, 2 or 4 in " : "", (long long)f_[i].lo, (long long)f_[i].hi);
     if (!(isnan(s->prev_norm) || s->prev_norm >= 0.0))
         return train_fail("%s: inconsistent trainer state: the previous step's norm is %g", path, s->prev_norm);
+    const double *p = s->est_profile;   // est: none yet, or three shares that add up to at most 1
+    int none_yet = isnan(p[0]) && isnan(p[1]) && isnan(p[2]);
+    if (s->clip_rule == CLIP_EST && !none_yet && !(p[0] >= 0.0 && p[1] >= 0.0 && p[2] >= 0.0 && p[0] + p[1] + p[2] <= 1.0 + 1e-9))
+        return train_fail("%s: inconsistent trainer state: the est rule's shares are %g, %g, %g", path, p[0], p[1], p[2]);
     int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
     int shape_ok = 1;
     for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
@@ -679,6 +792,8 @@ static int cpu_open(Trainer *t) {
         t->param[i] = bf16 ? (void *)(t->weights16 + off) : (void *)(m->params_memory + off);
         t->grad[i] = bf16 ? (void *)(t->grads16 + off) : (void *)(t->grads + off);
     }
+    t->cpu_scale = 1.0f;
+    t->scale_at = &t->cpu_scale;
     if (optimizer_open(t)) return -1;
     // the optimizer's bf16 weights are the truth (a checkpoint's file holds them exactly; importing
     // its fp32 masters alone may move a few by a bf16 ulp): the fp32 working copy follows them
@@ -692,9 +807,9 @@ static int cpu_micro_step(Trainer *t, const int *inputs, const int *targets, int
     return gpt2_backward(&t->model, t->grads, accumulate, NULL, NULL);
 }
 
-// The global norm of the fp32 gradients: fixed chunks summed in double, then in order (the same bits
-// for any number of threads).
-static double cpu_grad_norm(const float *g, int64_t n) {
+// The sum of squares of n gradients of dtype (finite_only: of the finite ones): fixed chunks summed in
+// double, then in order (the same bits for any number of threads).
+static double cpu_sum_squares(const void *g, bnb8_dtype dtype, int64_t n, int finite_only) {
     const int64_t CHUNK = 1 << 16;
     int64_t nchunks = (n + CHUNK - 1) / CHUNK;
     double *partial = (double *)malloc(sizeof(double) * (size_t)nchunks);
@@ -703,31 +818,49 @@ static double cpu_grad_norm(const float *g, int64_t n) {
     for (int64_t k = 0; k < nchunks; k++) {
         int64_t e = (k + 1) * CHUNK < n ? (k + 1) * CHUNK : n;
         double s = 0.0;
-        for (int64_t i = k * CHUNK; i < e; i++) s += (double)g[i] * g[i];
+        for (int64_t i = k * CHUNK; i < e; i++) {
+            double v = bnb8_load(g, dtype, i);
+            if (!finite_only || isfinite(v)) s += v * v;
+        }
         partial[k] = s;
     }
     double total = 0.0;
     for (int64_t k = 0; k < nchunks; k++) total += partial[k];
     free(partial);
-    return sqrt(total);
+    return total;
+}
+
+// The est rule's group g on the CPU: its sum of squares, then the scale the optimizer reads.
+static int cpu_clip_group(Trainer *t, int g, void *const *grads, const int64_t *n, int count) {
+    double s = 0.0;
+    for (int k = 0; k < count; k++) s += cpu_sum_squares(grads[k], t->lay.grads, n[k], 1);
+    if (isnan(s)) return train_fail("out of memory");
+    t->group_sums[g] = s;
+    t->cpu_scale = step_scale(est_norm(t, g), t->a.grad_clip, t->a.accum);
+    return 0;
 }
 
 // exact: the norm of the fp32 gradients first, a step skipped when it is not finite. prev: the
 // optimizer steps at once (non-finite elements are left unchanged and counted, as under release),
-// and sums the norm of the gradients it read (bf16 ones for bf16 weights).
+// and sums the norm of the gradients it read (bf16 ones for bf16 weights). est: group by group in
+// backward's order, as under release, each group's norm from the gradients the optimizer reads.
 static int cpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     if (train_after_backward) train_after_backward(&t->model, t->grads, t->opt, t->step);
     *skipped = 0;
     if (t->rule == CLIP_EXACT) {
-        *norm = cpu_grad_norm(t->grads, t->model.num_parameters) / (double)t->a.accum;
+        *norm = sqrt(cpu_sum_squares(t->grads, BNB8_F32, t->model.num_parameters, 0)) / (double)t->a.accum;
         *skipped = !isfinite(*norm);
         if (*skipped) return 0;
     }
     int bf16 = t->lay.weights == BNB8_BF16;
     if (bf16) cpu_round_grads(t);
-    if (bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), NULL))
+    for (int g = 0; t->rule == CLIP_EST && g < t->model.config.num_layers + 2; g++)
+        if (step_group(t, g, lr, 1.0f, NULL)) return -1;
+    if (t->rule != CLIP_EST &&
+        bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), NULL))
         return train_fail("optimizer step: %s", bnb8_last_error());
     if (bf16) cpu_widen_weights(t);
+    if (t->rule == CLIP_EST) est_finish(t, norm);
     return t->rule == CLIP_PREV ? prev_rule_norm(t, norm) : 0;
 }
 
@@ -790,6 +923,9 @@ static void cpu_close(Trainer *t) {
 #pragma weak gpt2_cuda_get_logits
 #pragma weak gpt2_cuda_backward
 #pragma weak gpt2_cuda_grad_norm
+#pragma weak gpt2_cuda_clip_group
+#pragma weak gpt2_cuda_clip_scale
+#pragma weak gpt2_cuda_clip_sums
 #pragma weak gpt2_cuda_grads_alloc
 #pragma weak gpt2_cuda_grads_free
 #pragma weak gpt2_cuda_param_bytes
@@ -833,6 +969,7 @@ static int gpu_open(Trainer *t) {
     m->seq_len = t->a.T;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++)
         if (m->param_sizes[i]) { t->param[i] = gpt2_cuda_param_tensor(g->model, i); t->grad[i] = g->grads.tensor[i]; }
+    t->scale_at = gpt2_cuda_clip_scale(g->model);
     return optimizer_open(t);
 }
 
@@ -842,27 +979,26 @@ static void gpu_note_memory(Gpu *g) {
     if (gpt2_cuda_device(NULL, 0, &free_bytes, &total) == 0 && total - free_bytes > g->used_peak) g->used_peak = total - free_bytes;
 }
 
+// The est rule's group g on the GPU, in stream order: its sum of squares and the scale the
+// optimizer reads, on the device (no wait).
+static int gpu_clip_group(Trainer *t, int g, void *const *grads, const int64_t *n, int count) {
+    int dtype = t->lay.grads == BNB8_BF16 ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32;
+    if (gpt2_cuda_clip_group(t->gpu.model, grads, n, count, dtype, g, t->shares[g], t->a.grad_clip, t->a.accum))
+        return train_fail("GPU clipping: %s", gpt2_cuda_last_error());
+    return 0;
+}
+
 // Gradient release: backward calls this as each group's gradients become final (the final
 // LayerNorm, then layer L-1 .. 0, then the embeddings); their tensors are stepped right there, on
 // the model's stream, before backward overwrites the shared slices with the next layer's.
 typedef struct { Trainer *t; float lr, scale; } ReleaseStep;
 static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
     const ReleaseStep *r = (const ReleaseStep *)ctx;
-    const Trainer *t = r->t;
-    static const int lnf[] = {GPT2_LNFW, GPT2_LNFB}, embed[] = {GPT2_WTE, GPT2_WPE, GPT2_LNEW, GPT2_LNEB};
-    int ids[GPT2_NUM_PARAMS], count = 0;
-    if (which >= 0) {
-        for (int i = GPT2_FIRST_LAYER_PARAM; i <= GPT2_LAST_LAYER_PARAM; i++) ids[count++] = optimizer_id(t, i, which);
-    } else {
-        const int *list = which == GPT2_GRADS_LNF ? lnf : embed;
-        int k = which == GPT2_GRADS_LNF ? 2 : 4;
-        for (int j = 0; j < k; j++) if (t->model.param_sizes[list[j]]) ids[count++] = optimizer_id(t, list[j], 0);
-    }
-    return bnb8_optimizer_step_tensors(t->opt, ids, count, r->lr, r->scale, stream) ? 1 : 0;
+    return step_group(r->t, group_of(r->t, which), r->lr, r->scale, stream) ? 1 : 0;
 }
 
 // Waits for the loss; with release each layer is stepped inside backward (at lr, clipped with the
-// previous step's norm: check_settings allows only that rule with release).
+// previous step's norm or this step's estimated: check_settings allows only these rules with release).
 static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int accumulate, float lr, float *loss) {
     Gpu *g = &t->gpu;
     ReleaseStep r = {t, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum)};
@@ -876,7 +1012,8 @@ static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int
 
 // exact: the norm after backward, then one launch (skipped when the norm is not finite). prev: one
 // launch clipped with the previous norm, or under release the layers were stepped in backward; the
-// optimizer summed this step's norm as it read the gradients. Then the device memory in use.
+// optimizer summed this step's norm as it read the gradients. est: group by group in backward's
+// order, as under release (where backward stepped them). Then the device memory in use.
 static int gpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     Gpu *g = &t->gpu;
     *norm = NAN;
@@ -886,10 +1023,16 @@ static int gpu_step(Trainer *t, float lr, double *norm, int *skipped) {
         *norm /= (double)t->a.accum;
         *skipped = !isfinite(*norm);
     }
-    if (!t->a.release && !*skipped &&
+    for (int k = 0; t->rule == CLIP_EST && !t->a.release && k < t->model.config.num_layers + 2; k++)
+        if (step_group(t, k, lr, 1.0f, gpt2_cuda_stream(g->model))) return -1;
+    if (!t->a.release && !*skipped && t->rule != CLIP_EST &&
         bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), gpt2_cuda_stream(g->model)))
         return train_fail("optimizer step: %s", bnb8_last_error());
     if (t->rule == CLIP_PREV && prev_rule_norm(t, norm)) return -1;
+    if (t->rule == CLIP_EST) {
+        if (gpt2_cuda_clip_sums(g->model, t->group_sums)) return train_fail("GPU clipping: %s", gpt2_cuda_last_error());
+        est_finish(t, norm);
+    }
     gpu_note_memory(g);
     return 0;
 }
@@ -948,9 +1091,9 @@ static void gpu_close(Trainer *t) {
 enum { DEVICE_CPU, DEVICE_GPU };
 static const Device devices[2] = {
     {"cpu", cpu_open, cpu_micro_step, cpu_step, cpu_eval, cpu_logits, cpu_masters, cpu_print_activations,
-     cpu_device_memory, cpu_close},
+     cpu_device_memory, cpu_close, cpu_clip_group},
     {"gpu", gpu_open, gpu_micro_step, gpu_step, gpu_eval, gpu_logits, gpu_masters, gpu_print_activations,
-     gpu_device_memory, gpu_close},
+     gpu_device_memory, gpu_close, gpu_clip_group},
 };
 // ------------------------------------------------------------------------------------------------
 // The run, phase by phase. 1. settings
@@ -989,18 +1132,19 @@ static int check_settings(Trainer *t) {
     t->scale = a->scale_dtype >= 0 ? a->scale_dtype : 0;
     if (a->recompute && !on_gpu)
         return train_fail("activation recomputation (-C 1) is for the GPU model (-D gpu); the CPU model keeps every activation");
-    t->rule = a->clip_rule >= 0 ? a->clip_rule : a->release ? CLIP_PREV : CLIP_EXACT;
-    if (a->clip_rule < -1 || a->clip_rule > CLIP_PREV) return train_fail("unknown clipping rule %d", a->clip_rule);
+    t->rule = a->clip_rule >= 0 ? a->clip_rule : a->release ? CLIP_EST : CLIP_EXACT;
+    if (a->clip_rule < -1 || a->clip_rule > CLIP_EST) return train_fail("unknown clipping rule %d", a->clip_rule);
     if (a->release) {   // each layer is stepped inside backward: this step's global norm comes after
         const char *why = !on_gpu ? "runs on the GPU only (-D gpu)"
                         : t->rule == CLIP_EXACT && a->grad_clip > 0.0f
                             ? "steps each layer inside backward, before this step's global gradient norm exists: "
-                              "clip with the previous step's (-N prev) or not at all (-g 0)"
+                              "clip with an estimate of it (-N est), the previous step's (-N prev) or not at all (-g 0)"
                         : a->accum > 1 ? "steps each layer inside backward, so gradients cannot accumulate over "
                                          "micro-batches: use -A 1" : NULL;
         if (why) return train_fail("gradient release (-R 1) %s", why);
     }
     t->prev_norm = NAN;
+    t->profile[0] = t->profile[1] = t->profile[2] = NAN;
     return 0;
 }
 
@@ -1019,13 +1163,14 @@ static int resume_state(Trainer *t) {
     int ri = (int)(t->recipe - recipes), oi = (int)(t->oc - optimizers);
     if (st->clip_rule != t->rule)
         return train_fail("%s: the checkpoint was made with clipping rule %s, this run asks for %s (-N)", path,
-                          st->clip_rule == CLIP_PREV ? "prev" : "exact", t->rule == CLIP_PREV ? "prev" : "exact");
+                          clip_rule_names[st->clip_rule], clip_rule_names[t->rule]);
     t->prev_norm = st->prev_norm;
     // the checkpoint's group scales; version 1 records none (bf16 before e6m10): -S may name them
     if (a->scale_dtype >= 0 && a->scale_dtype != st->scale_dtype && st->version >= 2)
         return train_fail("%s: the checkpoint's flash group scales are %s, this run asks for %s (-S): leave -S out to "
                           "resume with the checkpoint's", path, scale_dtypes[st->scale_dtype].name, scale_dtypes[a->scale_dtype].name);
     t->scale = a->scale_dtype >= 0 ? a->scale_dtype : (int)st->scale_dtype;
+    memcpy(t->profile, st->est_profile, sizeof t->profile);
     if (st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
         st->release != a->release || st->accum != a->accum)
         return train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
@@ -1223,6 +1368,8 @@ void trainer_free(Trainer *t) {
     if (t->lock_fd > 0) close(t->lock_fd);   // releases the -o directory's lock
     bnb8_optimizer_free(t->opt);
     free(t->sums);
+    free(t->group_sums);
+    free(t->shares);
     if (t->dev) t->dev->close(t);
     loader_free(&t->loader);
     tokenizer_free(&t->tok);
@@ -1360,7 +1507,8 @@ static void print_banner(Trainer *t) {
     printf("\n");
     printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g (%s)\n",
            t->oc->name, (double)t->lr, (long long)a->warmup, (double)(t->lr * a->final_lr_frac), (double)t->wd,
-           (double)a->grad_clip, t->rule == CLIP_PREV ? "prev: the previous step's norm" : "exact: this step's norm");
+           (double)a->grad_clip, t->rule == CLIP_PREV ? "prev: the previous step's norm"
+                                 : t->rule == CLIP_EST ? "est: this step's norm, estimated layer by layer" : "exact: this step's norm");
     char micro[64] = "";
     if (a->accum > 1) snprintf(micro, sizeof micro, ", %lld micro-batches per step", (long long)a->accum);
     if (t->end > t->start)
@@ -1388,6 +1536,7 @@ static double peak_resident_bytes(void) {   // of the process (Linux /proc), or 
 // gradient), the loss is their mean.
 static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skipped) {
     *loss = 0.0f;
+    if (t->rule == CLIP_EST) est_shares(t->profile, &t->model.config, t->shares);
     for (int64_t micro = 0; micro < t->a.accum; micro++) {
         loader_next(&t->loader);
         float micro_loss = NAN;
@@ -1424,7 +1573,8 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
                          bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm, t->recipe->states == BNB8_STATE_FLASH ? t->scale : 0,
-                         t->train_file.count, t->train_digest};
+                         t->train_file.count, t->train_digest,
+                         {t->profile[0], t->profile[1], t->profile[2]}};
     float *masters;
     if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
     if (a->verbose)
@@ -1470,7 +1620,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         t->step = s;
         double prev = t->prev_norm;
         if (train_step(t, step_lr, &loss, &norm, &skipped)) return -1;
-        double with = t->rule == CLIP_PREV ? prev : norm;   // the norm this step clipped with
+        double with = t->rule == CLIP_PREV ? prev : norm;   // the norm this step clipped with (est: the embeddings')
         int clipped = !skipped && a->grad_clip > 0.0f && with > a->grad_clip;
         res->clipped_steps += clipped;
         if (t->rule == CLIP_PREV) t->prev_norm = norm;
@@ -1489,6 +1639,7 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         if (a->verbose) {
             char rule[48] = "";
             if (t->rule == CLIP_PREV) snprintf(rule, sizeof rule, " (prev %6.3f)", with);
+            if (t->rule == CLIP_EST) snprintf(rule, sizeof rule, " (est %.3f..%.3f)", t->est_lo, t->est_hi);
             printf("step %5lld/%lld | loss %.4f | lr %.3e | norm %6.3f%s%s | %7.1f ms | %7.0f tok/s\n", (long long)s,
                    (long long)a->steps, (double)loss, (double)step_lr, norm, rule, clipped ? " clipped" : "", 1e3 * dt,
                    (double)(a->B * a->T * a->accum) / dt);
@@ -1559,7 +1710,9 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
         printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);
     if (a->grad_clip > 0.0f)
         printf("clip     at %g with %s: %lld of %lld steps clipped\n", (double)a->grad_clip,
-               t->rule == CLIP_PREV ? "the previous step's norm (prev)" : "this step's norm (exact)",
+               t->rule == CLIP_PREV ? "the previous step's norm (prev)"
+               : t->rule == CLIP_EST ? "this step's norm, estimated layer by layer (est; exact for the embeddings)"
+               : "this step's norm (exact)",
                (long long)res->clipped_steps, (long long)(t->end - t->start));
     if (a->gen_tokens > 0) print_sample(t);
 }

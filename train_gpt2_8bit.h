@@ -73,7 +73,7 @@ typedef struct {
     int64_t warmup;           // linear warm-up steps, then cosine decay to final_lr_frac * lr
     float final_lr_frac;
     float grad_clip;          // global gradient norm clip (0 = off)
-    int clip_rule;            // the norm grad_clip clips with: CLIP_EXACT, CLIP_PREV, or -1: prev under release, else exact
+    int clip_rule;            // the norm grad_clip clips with: CLIP_EXACT, CLIP_PREV, CLIP_EST, or -1: est under release, else exact
     const char *recipe, *optimizer;
     int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
     int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
@@ -136,8 +136,22 @@ int gpu_available(void);
 #define STATE_VERSION 2           // version 1: 16 words, the weights in the model file, read as the exact rule
 #define STATE_WORDS 32
 // Clipping rules (-N): this step's global norm, formed after backward; the previous step's, summed
-// by the optimizer as it read that step's gradients (works with gradient release).
-enum { CLIP_EXACT = 0, CLIP_PREV = 1 };
+// by the optimizer as it read that step's gradients; this step's, estimated group by group as backward
+// finishes them (est, DESIGN.md §6.4). prev and est work with gradient release.
+enum { CLIP_EXACT = 0, CLIP_PREV = 1, CLIP_EST = 2 };
+extern const char *const clip_rule_names[3];   // "exact", "prev", "est"
+// The est rule. Groups in the order backward finishes them: 0 the final LayerNorm, 1..L layers L-1..0,
+// L+1 the embeddings. Group j is stepped with the norm sqrt(S_0 + .. + S_j) / F(j) (this step's sums
+// of squares of the groups final so far), F(j) the share of the squared norm that the profile expects
+// in groups 0..j: 1 for the embeddings (their step has the exact norm). The profile: the shares of the
+// final LayerNorm, of the first ceil(L/2) layers released and of the other layers (the embeddings hold
+// the rest), a running mean over steps (EST_DECAY); NAN before step 1, which takes the parameters'
+// shares. shares: L + 2 doubles, each in (0, 1].
+#define EST_DECAY 0.9
+void est_shares(const double profile[3], const GPT2Config *c, double *shares);
+// The profile after a step whose groups' sums of squares are sums (L + 2); unchanged when they add up
+// to 0 or to no finite number.
+void est_update(double profile[3], const double *sums, int L);
 typedef struct {
     int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
     uint64_t rng, seed;
@@ -149,13 +163,14 @@ typedef struct {
     GPT2Config config;        // the model's shape (version 2, words 15..20)
     int64_t opt_steps;        // every optimizer tensor's step count (version 2, word 21): the optimizer
                               // file must match it (files of different steps are not one checkpoint)
-    int64_t clip_rule;        // CLIP_EXACT or CLIP_PREV (word 22)
+    int64_t clip_rule;        // CLIP_EXACT, CLIP_PREV or CLIP_EST (word 22)
     double prev_norm;         // CLIP_PREV: the norm of this step's mean gradient, which the next step
                               // clips with; NAN: none (word 23, the double's bits)
     int64_t scale_dtype;      // flash: the group scales' dtype, an index of scale_dtypes[] (word 24; 0:
                               // e6m10, and 0 for the other recipes); version 1 with flash: 1 (bf16)
     int64_t train_tokens;     // the training tokens' count and digest (tokens_digest; words 25, 26):
     int64_t train_digest;     // a resume on other data is refused (0: not recorded, older files)
+    double est_profile[3];    // CLIP_EST: the profile after this step (words 28..30, the doubles' bits; NAN: none)
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
@@ -204,6 +219,9 @@ typedef struct {
     // Device memory computed by the accounting and measured (0: the device has none of its own).
     int (*device_memory)(Trainer *t, double *computed, double *measured);
     void (*close)(Trainer *t);
+    // The est rule: group g's sum of squares of the count gradient buffers grads (n[i] elements each)
+    // and, from the sums so far, the scale its step reads (cfg.gnorm_scale_at), in the device's order.
+    int (*clip_group)(Trainer *t, int g, void *const *grads, const int64_t *n, int count);
 } Device;
 
 // What a run keeps (run_layout): its weights' and gradients' dtypes and the master of its weights
@@ -239,9 +257,14 @@ struct Trainer {
     Rng rng;                          // sampling
     int64_t start, end, step;         // this call runs steps start+1 .. end; step is the one running
     TrainerState resumed;             // the checkpoint's trainer state (start > 0)
-    int rule;                         // the clipping rule in use (CLIP_EXACT, CLIP_PREV)
+    int rule;                         // the clipping rule in use (CLIP_EXACT, CLIP_PREV, CLIP_EST)
     double prev_norm;                 // CLIP_PREV: the previous step's norm (NAN: none yet, no clip)
     double *sums;                     // CLIP_PREV: (optimizer count) bnb8_optimizer_sum_squares
+    double profile[3];                // CLIP_EST: the shares' running mean (NAN: none yet)
+    double *group_sums, *shares;      // CLIP_EST: (L + 2) this step's sums of squares, its shares F(j)
+    double est_lo, est_hi;            // CLIP_EST: the least and largest norm a layer was stepped with this step
+    float *scale_at;                  // CLIP_EST: the scale the optimizer reads (cfg.gnorm_scale_at):
+    float cpu_scale;                  //   the CPU's, or the GPU model's device float
     // the CPU row: fp32 gradients; for bf16 weights the persistent bf16 weights and gradients
     // (model.params_memory and grads are then the fp32 working copies)
     float *grads;

@@ -609,6 +609,68 @@ static void test_per_tensor_parity(void) {
             }
 }
 
+// cfg.gnorm_scale_at on the GPU: the factor a kernel wrote into device memory before each step, read
+// by the launch in stream order (flash and 8-bit tensors in one launch),
+// equals the CPU stepping at the product as gnorm_scale, bit for bit; a host float for GPU tensors is
+// refused (BNB8_ERR_DEVICE).
+__global__ static void set_factor(float *at, float v) { *at = v; }
+static void test_gnorm_scale_at(void) {
+    const int64_t n = 5000;
+    const int formats[2] = {BNB8_STATE_FLASH, BNB8_STATE_8BIT};
+    float *dfactor = NULL, host_factor = 1.0f;
+    CUDA_CHECK(cudaMalloc(&dfactor, sizeof(float)));
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+    c.format = BNB8_STATE_FLASH;
+    bnb8_optimizer *cpu = NULL, *gpu = NULL, *bad = NULL;
+    EXPECT(bnb8_optimizer_create(&cpu, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+    c.gnorm_scale_at = dfactor;
+    EXPECT(bnb8_optimizer_create(&gpu, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+    c.gnorm_scale_at = &host_factor;
+    EXPECT(bnb8_optimizer_create(&bad, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+    std::vector<std::vector<uint16_t>> p(2), g(2);
+    uint16_t *dp[2], *dg[2];
+    for (int k = 0; k < 2; k++) {
+        bnb8_config o = bnb8_config_default(BNB8_ADAMW);
+        o.format = (bnb8_state_format)formats[k];
+        char name[8];
+        snprintf(name, sizeof name, "t%d", k);
+        o.gnorm_scale_at = NULL;
+        bnb8_optimizer_override(cpu, name, &o);
+        o.gnorm_scale_at = dfactor;
+        bnb8_optimizer_override(gpu, name, &o);
+        p[k].resize(n); g[k].resize(n);
+        for (int64_t i = 0; i < n; i++) p[k][i] = bnb8_f32_to_bf16((float)(0.1 * test_randn(&rng)));
+        dp[k] = device_copy(p[k].data(), n);
+        CUDA_CHECK(cudaMalloc(&dg[k], 2 * n));
+        EXPECT(bnb8_optimizer_add(cpu, name, p[k].data(), BNB8_BF16, g[k].data(), BNB8_BF16, n, NULL) == 0 &&
+               bnb8_optimizer_add(gpu, name, dp[k], BNB8_BF16, dg[k], BNB8_BF16, n, NULL) == 0, "add: %s", bnb8_last_error());
+    }
+    EXPECT(bnb8_optimizer_add(bad, "t", dp[0], BNB8_BF16, dg[0], BNB8_BF16, n, NULL) == BNB8_ERR_DEVICE,
+           "a host gnorm_scale_at for GPU tensors: %s", bnb8_last_error());
+    const float factor[5] = {0.375f, 1.0f, 0.015625f, 0.6f, 0.125f};
+    for (int step = 0; step < 5; step++) {
+        for (int k = 0; k < 2; k++) {
+            for (int64_t i = 0; i < n; i++) g[k][i] = bnb8_f32_to_bf16((float)((1.0 + 9.0 * (step == 3)) * test_randn(&rng)));
+            CUDA_CHECK(cudaMemcpy(dg[k], g[k].data(), 2 * n, cudaMemcpyHostToDevice));
+        }
+        set_factor<<<1, 1>>>(dfactor, factor[step]);   // on the stream the step runs on, before it
+        EXPECT(bnb8_optimizer_step(cpu, 1e-3f, 0.5f * factor[step], NULL) == 0 && bnb8_optimizer_step(gpu, 1e-3f, 0.5f, NULL) == 0,
+               "step: %s", bnb8_last_error());
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        std::vector<uint16_t> back(n);
+        CUDA_CHECK(cudaMemcpy(back.data(), dp[k], 2 * n, cudaMemcpyDeviceToHost));
+        same &= memcmp(back.data(), p[k].data(), 2 * n) == 0;
+        cudaFree(dp[k]); cudaFree(dg[k]);
+    }
+    EXPECT(same, "gnorm_scale_at on the GPU differs from the CPU stepping at the products");
+    printf("  gnorm_scale_at: flash + 8-bit, 5 steps: GPU = CPU, %s\n", same ? "bit-identical" : "DIFFERENT");
+    bnb8_optimizer_free(cpu); bnb8_optimizer_free(gpu); bnb8_optimizer_free(bad);
+    cudaFree(dfactor);
+}
+
 int main(void) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -629,5 +691,6 @@ int main(void) {
     test_run("master weights: 100 steps, GPU equals CPU for 8-bit and flash states x int8, int16, fp32 masters", test_master_parity);
     test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
+    test_run("gnorm_scale_at: a device factor written before each step, GPU equals CPU at the products", test_gnorm_scale_at);
     return test_summary();
 }

@@ -1512,6 +1512,41 @@ static double test_sumsq_order(const float *g, int64_t n) {
     for (int w = 0; w < 8; w++) total += test_butterfly(strand + 32 * w);
     return total;
 }
+// cfg.gnorm_scale_at: a step at gnorm_scale a with the float it points to holding b equals a step at
+// a*b (exact products of powers of two and a float) bit for bit, for 8-bit and flash states, with
+// percentile clipping after it (the GPU's order); the float is read as each step runs.
+static void test_gnorm_scale_at(void) {
+    const int64_t n = 3000;
+    test_rng rng = test_rng_new();
+    for (int f = 0; f < 2; f++) {
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+        c.format = f ? BNB8_STATE_FLASH : BNB8_STATE_8BIT;
+        c.percentile_clipping = 90;
+        float factor = 1.0f;
+        bnb8_optimizer *a = NULL, *b = NULL;
+        EXPECT(bnb8_optimizer_create(&a, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+        c.gnorm_scale_at = &factor;
+        EXPECT(bnb8_optimizer_create(&b, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+        uint16_t *pa = malloc(2 * n), *pb = malloc(2 * n), *g = malloc(2 * n);
+        if (!a || !b || !pa || !pb || !g) { EXPECT(0, "setup"); free(pa); free(pb); free(g); bnb8_optimizer_free(a); bnb8_optimizer_free(b); return; }
+        for (int64_t i = 0; i < n; i++) pa[i] = pb[i] = bnb8_f32_to_bf16((float)(0.1 * test_randn(&rng)));
+        EXPECT(bnb8_optimizer_add(a, "w", pa, BNB8_BF16, g, BNB8_BF16, n, NULL) == 0 &&
+               bnb8_optimizer_add(b, "w", pb, BNB8_BF16, g, BNB8_BF16, n, NULL) == 0, "%s", bnb8_last_error());
+        const float scale[6] = {0.375f, 1.0f, 0.015625f, 0.7f, 0.25f, 1.0f};
+        for (int step = 0; step < 6; step++) {
+            for (int64_t i = 0; i < n; i++) g[i] = bnb8_f32_to_bf16((float)((1.0 + 9.0 * (step == 3)) * test_randn(&rng)));
+            factor = scale[step];
+            float host = step % 2 ? 0.5f : 1.0f;
+            EXPECT(bnb8_optimizer_step(a, 1e-3f, host * factor, NULL) == 0 && bnb8_optimizer_step(b, 1e-3f, host, NULL) == 0,
+                   "%s", bnb8_last_error());
+        }
+        EXPECT(memcmp(pa, pb, 2 * n) == 0, "%s: steps through gnorm_scale_at differ from the products as gnorm_scale",
+               f ? "flash" : "8bit");
+        free(pa); free(pb); free(g);
+        bnb8_optimizer_free(a); bnb8_optimizer_free(b);
+    }
+}
+
 static void test_sum_squares(void) {
     const int64_t sizes[] = {3, 130, 5000, 256 * 128 * 3 + 77};
     const int ns = 4;
@@ -1591,6 +1626,7 @@ void tests_optim(void) {
 
     test_run("optim: 32-bit vs double reference, all optimizers and dtypes", test_32bit_reference);
     test_run("optim: sum_squares: the documented order bit for bit, a double sum within rounding", test_sum_squares);
+    test_run("optim: gnorm_scale_at: a step reads its scale factor where it points, bit for bit", test_gnorm_scale_at);
     test_run("optim: 8-bit vs 32-bit free running, every optimizer (DESIGN.md §12)", test_8bit_vs_32bit);
     test_run("optim: one 8-bit step vs dequantize-update-requantize, all optimizers", test_8bit_one_step);
     test_run("optim: non-finite gradients keep params and states, and are counted", test_nonfinite);

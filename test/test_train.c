@@ -529,13 +529,13 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
                strstr(train_error_text, "-S"), "%s: resume with -S %s: '%s'", recipe, scale_dtypes[other.scale_dtype].name,
                train_error_text);
     }
-    if (rule == CLIP_PREV) {   // the rule acted, and the resumed run clipped with the checkpoint's norm
-        EXPECT(ra.clipped_steps > 0, "%s -N prev: no step clipped (the test would not see the rule)", recipe);
+    if (rule == CLIP_PREV || rule == CLIP_EST) {   // the rule acted; the resumed run clipped with the checkpoint's state
+        EXPECT(ra.clipped_steps > 0, "%s -N %s: no step clipped (the test would not see the rule)", recipe, clip_rule_names[rule]);
         TrainArgs exact = a;
         exact.clip_rule = CLIP_EXACT;
         exact.steps = N + 5;
-        EXPECT(train_run(&exact, &rb) != 0 && strstr(train_error_text, "clipping rule"), "resume -N prev with exact: '%s'",
-               train_error_text);
+        EXPECT(train_run(&exact, &rb) != 0 && strstr(train_error_text, "clipping rule"), "resume -N %s with exact: '%s'",
+               clip_rule_names[rule], train_error_text);
     }
     // The checkpoint of the stopped run is complete and the newest.
     EXPECT(checkpoint_latest(dir_b) == N, "newest checkpoint in %s is %lld", dir_b, (long long)checkpoint_latest(dir_b));
@@ -684,6 +684,8 @@ static void test_resume(void) {
     resume_case("8bit-int8", "lion", 1, 0, -1);
     resume_case("flash", "adamw", 0, 0, CLIP_PREV);   // the previous norm travels in the trainer state
     resume_case("8bit", "adamw", 1, 0, CLIP_PREV);
+    resume_case("flash", "adamw", 0, 0, CLIP_EST);     // the est rule's profile travels in the trainer state
+    resume_case("8bit", "sgd", 1, 0, CLIP_EST);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -994,6 +996,12 @@ static void write_state_words(const char *path, const int64_t *w, int words, int
     spit(path, (const uint8_t *)v, 8 * words);
 }
 
+// Two trainer states' fields (memcmp would compare the padding after config too, which state_load
+// leaves as it was).
+static int same_state(const TrainerState *a, const TrainerState *b) {
+    size_t head = offsetof(TrainerState, config) + sizeof(GPT2Config), rest = offsetof(TrainerState, opt_steps);
+    return memcmp(a, b, head) == 0 && memcmp((const char *)a + rest, (const char *)b + rest, sizeof *a - rest) == 0;
+}
 static void test_state_files(void) {
     char good[256], bad[256];
     tpath(good, sizeof good, "state.bin");
@@ -1004,7 +1012,7 @@ static void test_state_files(void) {
     TrainerState s = {7, 1234, 4, 16, 1, 0, 1, 20, 0x1234567890abcdefull, 42, 1, 3, 2, STATE_VERSION, c, 6, CLIP_PREV, 1.5, 0,
                      .train_tokens = 5000, .train_digest = -0x123456789abcdefll}, back;
     EXPECT(write_atomically(good, state_writer, &s) == 0, "%s", train_error_text);
-    EXPECT(state_load(&back, good) == 0 && memcmp(&back, &s, sizeof s) == 0, "state round trip: %s", train_error_text);
+    EXPECT(state_load(&back, good) == 0 && same_state(&back, &s), "state round trip: %s", train_error_text);
     int64_t size;
     uint8_t *d = slurp(good, &size);
     if (!d) { EXPECT(0, "cannot read %s", good); return; }
@@ -1026,7 +1034,7 @@ static void test_state_files(void) {
         {9, 2, "inconsistent", "StableEmbedding 2"}, {19, 3, "bad model shape", "C not a multiple of NH"},
         {17, 50, "bad model shape", "Vp < V"}, {20, 1ll << 40, "out of range", "C of 2^40"}, {18, 0, "bad model shape", "L = 0"},
         {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"},
-        {22, 2, "inconsistent", "clipping rule 2"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
+        {22, 3, "inconsistent", "clipping rule 3"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
         {25, -1, "training token count", "a negative token count"},
         {24, 1, "scale dtype", "bf16 scales for the 8bit recipe"}, {24, -1, "scale dtype", "scale dtype -1"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
@@ -1039,6 +1047,31 @@ static void test_state_files(void) {
         expect_refused(load_state_file, bad, forged[k].what, label);
     }
     int64_t v[32];
+    // The est rule's profile: words 28..30, the doubles' bits; shares below 0 or adding up past 1 refused.
+    TrainerState e = s;
+    e.clip_rule = CLIP_EST;
+    e.est_profile[0] = 0.015625; e.est_profile[1] = 0.375; e.est_profile[2] = 0.25;
+    EXPECT(write_atomically(good, state_writer, &e) == 0 && state_load(&back, good) == 0 && same_state(&back, &e),
+           "est state round trip: %s", train_error_text);
+    d = slurp(good, &size);
+    EXPECT(d && size == 256 && memcmp(d + 8 * 28, e.est_profile, 24) == 0 && ((int64_t *)d)[22] == CLIP_EST,
+           "est: words 22 and 28..30");
+    int64_t ew[32];
+    if (d && size == 256) memcpy(ew, d, 256);
+    free(d);
+    const double bad_profile[][3] = {{-0.25, 0.5, 0.25}, {0.5, 0.5, 0.25}, {NAN, 0.5, 0.25}, {0.25, INFINITY, 0.0}};
+    for (int k = 0; k < 4 && size == 256; k++) {
+        memcpy(v, ew, sizeof v);
+        memcpy(&v[28], bad_profile[k], 24);
+        write_state_words(bad, v, 32, 1);
+        expect_refused(load_state_file, bad, "est rule's shares", "state: est profile");
+    }
+    memcpy(v, ew, sizeof v);
+    const double none[3] = {NAN, NAN, NAN};
+    memcpy(&v[28], none, 24);
+    write_state_words(bad, v, 32, 1);
+    EXPECT(state_load(&back, bad) == 0 && isnan(back.est_profile[0]) && isnan(back.est_profile[2]), "est, no profile yet: %s",
+           train_error_text);
     memcpy(v, w, sizeof v);
     v[3] ^= 1;                                // a damaged word, the checksum left as it was
     write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "checksum", "state: a flipped bit");
@@ -1055,7 +1088,7 @@ static void test_state_files(void) {
     v[1] = 1; v[14] = 0; v[15] = 0;
     write_state_words(bad, v, 16, 0);
     EXPECT(state_load(&back, bad) == 0 && back.version == 1 && back.step == 7 && back.rng == s.rng && back.accum == 3 &&
-           back.weight_bytes == 0 && back.clip_rule == CLIP_EXACT && isnan(back.prev_norm),
+           back.weight_bytes == 0 && back.clip_rule == CLIP_EXACT && isnan(back.prev_norm) && isnan(back.est_profile[1]),
            "version 1 state file (the exact rule, no previous norm): %s", train_error_text);
     write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "oversized", "state: version 1 of 32 words");
     // Word 24, the flash recipe's group scale dtype: every one round-trips, 0 is e6m10 (the version 2
@@ -1191,6 +1224,148 @@ static void test_clip_rule(void) {
     EXPECT(memcmp(l0, l1, sizeof l0) != 0, "-N prev -g %g trained as unclipped", (double)clip);
     if (tverbose) printf("    -N prev -g %.4f: %lld of %lld steps clipped; norms %.4f .. %.4f\n", (double)clip,
                          (long long)r1.clipped_steps, (long long)N, norms[0], norms[N - 1]);
+}
+
+// The est clipping rule (-N est). Its arithmetic against direct double computations: est_shares (a
+// profile, none yet: the parameters' shares; an odd L, so the halves differ) as the running sum of the
+// expected per-group shares in long double; est_update (first step, then the running mean). In a run
+// on the CPU (fp32 recipe + SGD: the first step moves each weight by lr x scale x g, exactly in
+// double, so the scale each group took is read off the weights): the scale of every group is
+// step_scale of sqrt(prefix / F(j)) from the direct sums of the gradients the hook sees; the clip is
+// the median of those norms, so some groups are clipped and some not; each step's norm is the
+// direct one; the steps clipped are those whose norm exceeds the clip.
+static double est_grads[3][200000];
+static int64_t est_n;
+static void record_grads(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step) {
+    (void)opt;
+    est_n = m->num_parameters;
+    if (step <= 3 && est_n <= 200000) for (int64_t i = 0; i < est_n; i++) est_grads[step - 1][i] = grads[i];
+    record_norm(m, grads, opt, step);
+}
+static void test_est_rule(void) {
+    GPT2Config c;
+    gpt2_config_from_descriptor(&c, "d5c32h2v64t16");
+    int L = c.num_layers, top = 3;
+    int64_t sizes[GPT2_NUM_PARAMS], total = 0, layers = 0;
+    gpt2_param_sizes(&c, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { total += sizes[i]; layers += gpt2_param_is_layer(i) ? sizes[i] : 0; }
+    double got[7], poison = NAN;
+    const double profiles[2][3] = {{NAN, NAN, NAN}, {0.03125, 0.4, 0.17}};
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < L + 2; j++) got[j] = poison;
+        est_shares(profiles[k], &c, got);
+        long double p0 = k ? profiles[k][0] : (long double)(sizes[GPT2_LNFW] + sizes[GPT2_LNFB]) / total;
+        long double lt = k ? profiles[k][1] / top : (long double)layers / total / L;   // per layer, top half
+        long double lb = k ? profiles[k][2] / (L - top) : (long double)layers / total / L;
+        long double f = p0;
+        for (int j = 0; j <= L + 1; j++) {
+            if (j >= 1 && j <= L) f += j <= top ? lt : lb;
+            double want = j == L + 1 ? 1.0 : (double)f;
+            EXPECT(fabs(got[j] - want) <= 8 * 0x1p-53 * want, "est_shares profile %d group %d: %.17g, direct %.17g", k, j,
+                   got[j], want);
+        }
+    }
+    double sums[7] = {0.5, 3.0, 2.0, 1.25, 0.75, 0.5, 12.0}, prof[3] = {NAN, NAN, NAN};
+    long double tot = 0.0L;
+    for (int j = 0; j < 7; j++) tot += sums[j];
+    long double x[3] = {sums[0] / tot, (sums[1] + sums[2] + sums[3]) / tot, (sums[4] + sums[5]) / tot};
+    est_update(prof, sums, L);
+    for (int k = 0; k < 3; k++) EXPECT(fabs(prof[k] - (double)x[k]) <= 4 * 0x1p-53 * x[k], "est_update first: %.17g vs %.17Lg", prof[k], x[k]);
+    double before[3] = {prof[0], prof[1], prof[2]}, s2[7] = {1.0, 0.5, 0.25, 8.0, 0.0, 2.0, 1.0};
+    tot = 0.0L;
+    for (int j = 0; j < 7; j++) tot += s2[j];
+    long double y[3] = {s2[0] / tot, (s2[1] + s2[2] + s2[3]) / tot, (s2[4] + s2[5]) / tot};
+    est_update(prof, s2, L);
+    for (int k = 0; k < 3; k++) {
+        long double want = EST_DECAY * (long double)before[k] + (1.0L - EST_DECAY) * y[k];
+        EXPECT(fabs(prof[k] - (double)want) <= 8 * 0x1p-53 * want, "est_update mean: %.17g vs %.17Lg", prof[k], want);
+    }
+    double zeros[7] = {0}, keep[3] = {prof[0], prof[1], prof[2]};
+    est_update(prof, zeros, L);
+    EXPECT(memcmp(prof, keep, sizeof keep) == 0, "est_update of an all-zero step changes the profile");
+
+    // A run on the CPU: fp32 + SGD, one step from the same start clipped (-N est) and not (-g 0).
+    TrainArgs a;
+    tiny_args(&a, "fp32", "sgd", 1);
+    a.model = "d5c32h2v64t16"; a.eval_every = 0; a.warmup = 0;
+    gpt2_config_from_descriptor(&c, a.model);
+    gpt2_param_sizes(&c, sizes);
+    int64_t n = 0;
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
+    float *w0 = malloc(4 * (size_t)n), *w1 = malloc(4 * (size_t)n);
+    if (!w0 || !w1 || n > 200000) { EXPECT(0, "out of memory or a model too large (%lld)", (long long)n); free(w0); free(w1); return; }
+    TrainResult r0 = {0}, r1 = {0};
+    r0.final_params = w0; r0.final_params_count = n;
+    a.grad_clip = 0.0f; a.clip_rule = CLIP_EST;
+    train_after_backward = record_grads;
+    EXPECT(train_run(&a, &r0) == 0, "-N est -g 0: %s", train_error_text);
+    // the direct groups: sums of squares in backward's order, prefixes, norms with the parameters' shares
+    double S[7] = {0}, norm[7] = {0}, sorted[7] = {0}, share[7] = {0};
+    est_shares(profiles[0], &c, share);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+        int64_t off = 0;
+        for (int k = 0; k < i; k++) off += sizes[k];
+        int lay = gpt2_param_is_layer(i);
+        for (int64_t e = 0; e < sizes[i]; e++) {
+            int g = lay ? L - (int)(e / (sizes[i] / L)) : i == GPT2_LNFW || i == GPT2_LNFB ? 0 : L + 1;
+            S[g] += est_grads[0][off + e] * est_grads[0][off + e];
+        }
+    }
+    double prefix = 0.0;
+    for (int g = 0; g < L + 2; g++) { prefix += S[g]; norm[g] = sqrt(prefix / share[g]); sorted[g] = norm[g]; }
+    for (int i = 1; i < L + 2; i++)
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { double t = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = t; }
+    a.grad_clip = (float)sorted[(L + 2) / 2];
+    r1.final_params = w1; r1.final_params_count = n;
+    EXPECT(train_run(&a, &r1) == 0, "-N est -g %g: %s", (double)a.grad_clip, train_error_text);
+    float lr = lr_schedule(&a, optimizers[2].lr, 1);
+    int clipped = 0, unclipped = 0;
+    for (int g = 0; g < L + 2; g++) {   // the scale each group took: 1 - sum(dw g) / (lr sum(g^2)), least squares
+        double num = 0.0, den = 0.0;
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+            int64_t off = 0;
+            for (int k = 0; k < i; k++) off += sizes[k];
+            int lay = gpt2_param_is_layer(i);
+            for (int64_t e = 0; e < sizes[i]; e++) {
+                int gg = lay ? L - (int)(e / (sizes[i] / L)) : i == GPT2_LNFW || i == GPT2_LNFB ? 0 : L + 1;
+                if (gg != g) continue;
+                double gr = est_grads[0][off + e];
+                num += ((double)w1[off + e] - w0[off + e]) * gr;
+                den += gr * gr;
+            }
+        }
+        double took = 1.0 - num / ((double)lr * den), want = step_scale(norm[g], a.grad_clip, 1);
+        EXPECT(fabs(took - want) <= 1e-4, "group %d: took scale %.6f, direct %.6f (norm %.6f, clip %.6f)", g, took, want,
+               norm[g], (double)a.grad_clip);
+        clipped += want < 1.0; unclipped += want == 1.0;
+    }
+    EXPECT(clipped > 0 && unclipped > 0, "groups clipped %d, not %d: the clip does not split them", clipped, unclipped);
+    // A longer run: each step's norm is the direct one; the steps clipped are those above the clip.
+    const int64_t N = 12;
+    double norms[12];
+    TrainResult r2 = {0};
+    r2.norms = norms;
+    tiny_args(&a, "8bit", "adamw", N);
+    a.clip_rule = CLIP_EST; a.grad_clip = 0.0f;
+    for (int i = 0; i < 40; i++) direct_norm[i] = NAN;
+    EXPECT(train_run(&a, &r2) == 0, "-N est: %s", train_error_text);
+    a.grad_clip = (float)direct_norm[N / 2];
+    EXPECT(train_run(&a, &r2) == 0, "-N est -g %g: %s", (double)a.grad_clip, train_error_text);
+    train_after_backward = NULL;
+    int64_t expected = 0, np = 0;
+    gpt2_config_from_descriptor(&c, a.model);
+    gpt2_param_sizes(&c, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) np += sizes[i];
+    for (int s = 0; s < N; s++) {
+        double bound = 2.0 * (double)np * 0x1p-53 * direct_norm[s];
+        EXPECT(fabs(norms[s] - direct_norm[s]) <= bound, "step %d: norm %.17g, direct %.17g", s + 1, norms[s], direct_norm[s]);
+        expected += direct_norm[s] > (double)a.grad_clip;
+    }
+    EXPECT(r2.clipped_steps == expected && expected > 0, "%lld steps clipped, expected %lld", (long long)r2.clipped_steps,
+           (long long)expected);
+    if (tverbose) printf("    -N est: first step %d groups clipped, %d not (clip %.4f); %lld of %lld steps clipped\n", clipped,
+                         unclipped, (double)a.grad_clip, (long long)r2.clipped_steps, (long long)N);
+    free(w0); free(w1);
 }
 
 static void test_settings(void) {
@@ -1339,6 +1514,7 @@ void tests_train(void) {
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);
+    test_run("train: -N est: its shares and profile vs direct ones; each group's scale and norm in a run", test_est_rule);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: export to llm.c model files (fp32 v3, bf16 v5): layout, loss when loaded back", test_export);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);

@@ -11,14 +11,15 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            the CPU's own sensitivity (its 8bit vs 8bit-int8 runs: loss spikes move with the master);
   release  each recipe with gradient release equals itself without it bit for bit (clipping off):
            the per-layer slices are stepped inside backward with the same per-element math;
-  clip     the prev clipping rule (-N prev, clipping some steps): flash and 8bit with release equal
-           themselves without it bit for bit (losses, masters, norms, steps clipped); its norms equal
-           the exact rule's within the rounding of gpt2_cuda_grad_norm's float sums;
+  clip     the prev and est clipping rules (-N prev, -N est, clipping some steps): flash and 8bit with
+           release equal themselves without it bit for bit (losses, masters, norms, steps clipped);
+           their norms equal the exact rule's within the rounding of gpt2_cuda_grad_norm's float sums;
   recompute  flash with activation recomputation (-C 1) equals flash without, bit for bit;
   accum    B=2 x 2 micro-batches (-A 2) trains as B=4 on the GPU (fp32 parity model + SGD within 1e-4,
            flash within 1%, bf16 gradient sums); release refuses -A 2;
   resume   stop at step 3, resume to 6: bit-identical to a run that never stopped, for fp32, 8bit,
-           8bit-int8, flash, flash + release, and 8bit on the fp32 parity model; each checkpoint's bytes
+           8bit-int8, flash, flash + release (-N est, its profile in the checkpoint), and 8bit on the
+           fp32 parity model; each checkpoint's bytes
            equal the formats' (fp32 and 8bit: an fp32 master and no bf16 weights; about 12, 6.03,
            5.03, 5.125 bytes per parameter);
   memory   d12 (-w 0, B=16, T=1024): persistent bytes per parameter 16, 10.031, 7.031, 7.125 for fp32,
@@ -164,31 +165,33 @@ static void test_release_equal(void) {
     free(p0); free(p1);
 }
 
-// The prev clipping rule (-N prev) on the bf16 model, flash and 8bit: with release it equals
-// itself without release bit for bit (losses, masters, each step's norm, the steps clipped), at a
-// clip that clips some steps (the unclipped run's median norm); and its norms, summed by the
-// optimizer as it reads the gradients, equal the exact rule's (gpt2_cuda_grad_norm: float sums of
-// at most ceil(n / 2^18) terms per thread and 8 levels per block) within that sum's rounding.
+// The prev and est clipping rules (-N prev, -N est) on the bf16 model, flash and 8bit: with release
+// each equals itself without release bit for bit (losses, masters, each step's norm, the steps
+// clipped), at a clip that clips some steps (the unclipped run's median norm); and its norms (the
+// optimizer's sums as it reads the gradients; est's group sums, double per thread) equal the exact
+// rule's (gpt2_cuda_grad_norm: float sums of at most ceil(n / 2^18) terms per thread and 8 levels
+// per block) within that sum's rounding.
 static void test_release_clip(void) {
     const char *rec[2] = {"flash", "8bit"};
     const int S = 8;
     int64_t n = num_params("d2c64h2");
     float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n), l0[8], l1[8];
     double e[8], sorted[8], n0[8], n1[8];
-    for (int k = 0; k < 2 && p0 && p1; k++) {
+    for (int k = 0; k < 4 && p0 && p1; k++) {
+        int rule = k < 2 ? CLIP_PREV : CLIP_EST;
         TrainArgs a;
-        small_args(&a, rec[k], "adamw", S, 2);
+        small_args(&a, rec[k % 2], "adamw", S, 2);
         TrainResult rx = {0}, r0 = {0}, r1 = {0};
         a.grad_clip = 0.0f; a.clip_rule = CLIP_EXACT;
         rx.norms = e;
         int ok = run(&a, l0, p0, n, &rx) == 0;
-        a.clip_rule = CLIP_PREV;
+        a.clip_rule = rule;
         r0.norms = n0;
         ok = ok && run(&a, l0, p0, n, &r0) == 0;
         double bar = ((double)((n + 262143) / 262144) + 8.0) * 0x1p-24;
         for (int s = 0; ok && s < S; s++)
-            EXPECT(fabs(n0[s] - e[s]) <= bar * e[s], "%s step %d: prev rule's norm %.9g, exact rule's %.9g (bar %.3g rel)",
-                   rec[k], s + 1, n0[s], e[s], bar);
+            EXPECT(fabs(n0[s] - e[s]) <= bar * e[s], "%s step %d: %s rule's norm %.9g, exact rule's %.9g (bar %.3g rel)",
+                   rec[k % 2], s + 1, clip_rule_names[rule], n0[s], e[s], bar);
         memcpy(sorted, e, sizeof sorted);
         for (int i = 1; i < S; i++)
             for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { double x = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = x; }
@@ -197,15 +200,16 @@ static void test_release_clip(void) {
         ok = ok && run(&a, l0, p0, n, &r0) == 0;
         a.release = 1;
         ok = ok && run(&a, l1, p1, n, &r1) == 0;
-        EXPECT(ok, "-N prev runs (%s): %s", rec[k], train_error_text);
+        const char *rn = clip_rule_names[rule];
+        EXPECT(ok, "-N %s runs (%s): %s", rn, rec[k % 2], train_error_text);
         if (!ok) continue;
         int same = memcmp(l0, l1, sizeof l0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0 && memcmp(n0, n1, sizeof n0) == 0 &&
                    r0.clipped_steps == r1.clipped_steps;
-        EXPECT(same, "%s -N prev: release differs from no release (losses, masters, norms or %lld vs %lld steps clipped)",
-               rec[k], (long long)r1.clipped_steps, (long long)r0.clipped_steps);
-        EXPECT(r0.clipped_steps > 0, "%s -N prev -g %g: no step clipped", rec[k], (double)a.grad_clip);
-        printf("  clip: %-5s -N prev -g %.3f, %lld of %d steps clipped: release = without, %s; norms vs exact within %.2g\n",
-               rec[k], (double)a.grad_clip, (long long)r1.clipped_steps, S, same ? "bit-identical" : "DIFFERENT", bar);
+        EXPECT(same, "%s -N %s: release differs from no release (losses, masters, norms or %lld vs %lld steps clipped)",
+               rec[k % 2], rn, (long long)r1.clipped_steps, (long long)r0.clipped_steps);
+        EXPECT(r0.clipped_steps > 0, "%s -N %s -g %g: no step clipped", rec[k % 2], rn, (double)a.grad_clip);
+        printf("  clip: %-5s -N %-4s -g %.3f, %lld of %d steps clipped: release = without, %s; norms vs exact within %.2g\n",
+               rec[k % 2], rn, (double)a.grad_clip, (long long)r1.clipped_steps, S, same ? "bit-identical" : "DIFFERENT", bar);
     }
     free(p0); free(p1);
 }
@@ -296,7 +300,7 @@ static void test_resume(void) {
         float l0[6], l1[6];
         TrainArgs a;
         small_args(&a, recipes_[k], "adamw", 6, 2);
-        if (k == 4) a.release = 1;   // clipped at 1 with the previous step's norm, which the checkpoint keeps
+        if (k == 4) a.release = 1;   // clipped at 1 by est (the default under release): its profile is in the checkpoint
         a.parity = k == 5;
         test_remove_tree(scratch, 1);
         a.out_dir = scratch;
@@ -355,7 +359,7 @@ int main(void) {
     test_run("trainer: fp32 SGD step on the GPU (fp32 parity model) = the CPU's within 1e-4", test_parity_fp32);
     test_run("trainer: every recipe (bf16 model) losses as the CPU's (1%; 8-bit states: 2x the CPU's sensitivity)", test_bf16_losses);
     test_run("trainer: every recipe + release = without, bit for bit", test_release_equal);
-    test_run("trainer: -N prev: release + clip = without release, bit for bit; its norm = the exact one", test_release_clip);
+    test_run("trainer: -N prev, -N est: release + clip = without release, bit for bit; the norm = the exact one", test_release_clip);
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
     test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # clip_release.sh TRAIN.bin [VAL.bin] — issue P14: global-norm clipping under gradient release.
-# Three rules x SEEDS on flash AdamW (the issue's setting: d12, B=8, T=128, 1,500 steps, lr 6e-4,
+# Four rules x SEEDS on flash AdamW (the issue's setting: d12, B=8, T=128, 1,500 steps, lr 6e-4,
 # warm-up 100, cosine to 10%, StableEmbedding on): exact clipping (-N exact -g 1, no release),
-# release clipped with the previous step's norm (-R 1 -N prev -g 1) and release unclipped (-R 1 -g 0).
+# release clipped with the previous step's norm (-R 1 -N prev -g 1), release unclipped (-R 1 -g 0)
+# and release clipped with this step's norm estimated layer by layer (-R 1 -N est -g 1).
 # One queue of runs per GPU in GPUS; prints the table of final val losses (mean, spread over seeds,
 # steps clipped). A run whose log is complete is kept. On the CPU (DEVICE=cpu, a small MODEL) the prev
-# run has no release (-R 0), which trains the same bits (test/test_train_gpu.c's clip test).
+# and est runs have no release (-R 0), which trains the same bits (test/test_train_gpu.c's clip test).
 # Settings: TRAINER STEPS LR SEEDS GPUS DEVICE MODEL B T OUT (defaults below).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -17,7 +18,8 @@ mkdir -p "$OUT"
 rel="-R 1"; [ "$DEVICE" = gpu ] || rel="-R 0"
 runs=()
 for s in $SEEDS; do
-    runs+=("exact|-R 0 -N exact -g 1 -d $s|$s" "prev_release|$rel -N prev -g 1 -d $s|$s" "noclip_release|$rel -N prev -g 0 -d $s|$s")
+    runs+=("exact|-R 0 -N exact -g 1 -d $s|$s" "prev_release|$rel -N prev -g 1 -d $s|$s" "noclip_release|$rel -N prev -g 0 -d $s|$s"
+           "est_release|$rel -N est -g 1 -d $s|$s")
 done
 common="-D $DEVICE -e $MODEL -r flash -p adamw -b $B -t $T -n $STEPS -l $LR -u 100 -q 0.1 -v 250 -m 20 -G 0 -s 0"
 run_one() {   # name flags seed gpu
@@ -47,7 +49,7 @@ for path in sorted(glob.glob(os.path.join(out, f"*_{model}_lr{lr}_s*.log"))):
     if vals: rows.setdefault(name, []).append((int(seed), float(vals[-1]), clip.group(1) if clip else "-"))
 print(f"| run ({model}, lr {lr}) | final val loss per seed | mean | spread (max-min) | steps clipped |")
 print("|---|---|---|---|---|")
-for name in ("exact", "prev_release", "noclip_release"):
+for name in ("exact", "prev_release", "noclip_release", "est_release"):
     r = sorted(rows.get(name, []))
     if not r: continue
     v = [x[1] for x in r]
