@@ -1242,6 +1242,11 @@ static void record_grads(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t ste
     if (step <= 3 && est_n <= 200000) for (int64_t i = 0; i < est_n; i++) est_grads[step - 1][i] = grads[i];
     record_norm(m, grads, opt, step);
 }
+// The est group of element e of parameter i: 0 the final LayerNorm, 1..L layers L-1..0, L+1 the embeddings.
+static int est_group_of(const int64_t *sizes, int L, int i, int64_t e) {
+    if (gpt2_param_is_layer(i)) return L - (int)(e / (sizes[i] / L));
+    return i == GPT2_LNFW || i == GPT2_LNFB ? 0 : L + 1;
+}
 static void test_est_rule(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d5c32h2v64t16");
@@ -1302,15 +1307,8 @@ static void test_est_rule(void) {
     // the direct groups: sums of squares in backward's order, prefixes, norms with the parameters' shares
     double S[7] = {0}, norm[7] = {0}, sorted[7] = {0}, share[7] = {0};
     est_shares(profiles[0], &c, share);
-    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
-        int64_t off = 0;
-        for (int k = 0; k < i; k++) off += sizes[k];
-        int lay = gpt2_param_is_layer(i);
-        for (int64_t e = 0; e < sizes[i]; e++) {
-            int g = lay ? L - (int)(e / (sizes[i] / L)) : i == GPT2_LNFW || i == GPT2_LNFB ? 0 : L + 1;
-            S[g] += est_grads[0][off + e] * est_grads[0][off + e];
-        }
-    }
+    for (int i = 0, off = 0; i < GPT2_NUM_PARAMS; off += (int)sizes[i++])
+        for (int64_t e = 0; e < sizes[i]; e++) S[est_group_of(sizes, L, i, e)] += est_grads[0][off + e] * est_grads[0][off + e];
     double prefix = 0.0;
     for (int g = 0; g < L + 2; g++) { prefix += S[g]; norm[g] = sqrt(prefix / share[g]); sorted[g] = norm[g]; }
     for (int i = 1; i < L + 2; i++)
@@ -1322,18 +1320,13 @@ static void test_est_rule(void) {
     int clipped = 0, unclipped = 0;
     for (int g = 0; g < L + 2; g++) {   // the scale each group took: 1 - sum(dw g) / (lr sum(g^2)), least squares
         double num = 0.0, den = 0.0;
-        for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
-            int64_t off = 0;
-            for (int k = 0; k < i; k++) off += sizes[k];
-            int lay = gpt2_param_is_layer(i);
+        for (int i = 0, off = 0; i < GPT2_NUM_PARAMS; off += (int)sizes[i++])
             for (int64_t e = 0; e < sizes[i]; e++) {
-                int gg = lay ? L - (int)(e / (sizes[i] / L)) : i == GPT2_LNFW || i == GPT2_LNFB ? 0 : L + 1;
-                if (gg != g) continue;
+                if (est_group_of(sizes, L, i, e) != g) continue;
                 double gr = est_grads[0][off + e];
                 num += ((double)w1[off + e] - w0[off + e]) * gr;
                 den += gr * gr;
             }
-        }
         double took = 1.0 - num / ((double)lr * den), want = step_scale(norm[g], a.grad_clip, 1);
         EXPECT(fabs(took - want) <= 1e-4, "group %d: took scale %.6f, direct %.6f (norm %.6f, clip %.6f)", g, took, want,
                norm[g], (double)a.grad_clip);
