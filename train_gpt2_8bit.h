@@ -247,6 +247,10 @@ int64_t generate(Trainer *t, int eot, int64_t gen_tokens, int *out);
 // on this rank: 0 for none), the step, this rank's batch, the ranks' mean loss, the report.
 typedef struct Nccl Nccl;
 int64_t tensor_slices(const Trainer *t, int i);   // optimizer tensors of parameter tensor i
+// The exchange buffer's layout (no NCCL needed; the tests' too): tensor j of n[j] elements at at[j],
+// a multiple of 4096; returns S, each rank's elements. nccl_part: rank's part of a tensor, 0 if none.
+int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at);
+int nccl_part(int64_t at, int64_t n, int64_t S, int rank, int64_t *offset, int64_t *count);
 int nccl_setup(Trainer *t);
 int nccl_open(Trainer *t);
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad);

@@ -33,6 +33,24 @@ refused with a message. Not yet: gradient release (-R 1), checkpoints (-o), -X w
 
 static const char *env_first(const char *a, const char *b) { const char *v = getenv(a); return v ? v : getenv(b); }
 
+// G's layout: tensor j (n[j] elements) at at[j], a multiple of NCCL_ALIGN; the elements per rank S,
+// a multiple of NCCL_ALIGN, ranks S >= the end of the last tensor.
+int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at) {
+    int64_t end = 0;
+    for (int j = 0; j < count; j++) { at[j] = end; end += (n[j] + NCCL_ALIGN - 1) / NCCL_ALIGN * NCCL_ALIGN; }
+    return (end / NCCL_ALIGN + ranks - 1) / ranks * NCCL_ALIGN;
+}
+
+// The part of a tensor at `at` of n elements that rank holds, [*offset, *offset + *count) of the
+// tensor; 0 when none.
+int nccl_part(int64_t at, int64_t n, int64_t S, int rank, int64_t *offset, int64_t *count) {
+    int64_t lo = rank * S, hi = lo + S, from = at > lo ? at : lo, to = at + n < hi ? at + n : hi;
+    if (from >= to) return 0;
+    *offset = from - at;
+    *count = to - from;
+    return 1;
+}
+
 #ifndef TRAIN_NCCL
 int nccl_setup(Trainer *t) {
     const char *ranks = env_first("OMPI_COMM_WORLD_SIZE", "BNB8_RANKS");
@@ -173,7 +191,6 @@ int nccl_open(Trainer *t) {
     c->at = (int64_t *)calloc((size_t)c->count, sizeof(int64_t));
     c->shares = (Share *)calloc((size_t)c->count, sizeof(Share));
     if (!c->param || !c->grad || !c->n || !c->at || !c->shares) return train_fail("out of memory");
-    int64_t end = 0;
     int j = 0;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         if (!m->param_sizes[i]) continue;
@@ -182,11 +199,9 @@ int nccl_open(Trainer *t) {
             c->param[j] = (char *)t->param[i] + c->es * (size_t)(l * n);
             c->grad[j] = (char *)t->grad[i] + c->es * (size_t)(l * n);
             c->n[j] = n;
-            c->at[j] = end;
-            end += (n + NCCL_ALIGN - 1) / NCCL_ALIGN * NCCL_ALIGN;
         }
     }
-    c->S = (end / NCCL_ALIGN + c->ranks - 1) / c->ranks * NCCL_ALIGN;
+    c->S = nccl_layout(c->n, c->count, c->ranks, c->at);
     size_t bytes = c->es * (size_t)(c->S * c->ranks);
     if (cuda_check(cudaMalloc(&c->G, bytes), "cudaMalloc of the gradient and weight exchange buffer") ||
         cuda_check(cudaMemset(c->G, 0, bytes), "cudaMemset") ||
@@ -200,12 +215,8 @@ int nccl_open(Trainer *t) {
 // gradients in G. 0 when the rank holds none of it (then it is not registered here).
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) {
     Nccl *c = t->nccl;
-    int64_t lo = c->rank * c->S, hi = lo + c->S, a = c->at[j], b = a + c->n[j];
-    int64_t from = a > lo ? a : lo, to = b < hi ? b : hi;
-    if (from >= to) return 0;
-    *offset = from - a;
-    *count = to - from;
-    *grad = (char *)c->G + c->es * (size_t)from;
+    if (!nccl_part(c->at[j], c->n[j], c->S, c->rank, offset, count)) return 0;
+    *grad = (char *)c->G + c->es * (size_t)(c->at[j] + *offset);
     c->shares[c->num_shares++] = (Share){j, *offset, *count};
     return 1;
 }

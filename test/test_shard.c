@@ -17,6 +17,7 @@ correction (n), codes (n bytes per state); then the weights (none beside an fp32
 #define _POSIX_C_SOURCE 200809L   // mkdtemp
 #include "test.h"
 #include "bnb8.h"
+#include "train_gpt2_8bit.h"   // nccl_layout, nccl_part
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -383,11 +384,72 @@ static void test_shard_refused(void) {
     }
 }
 
+// The trainer's layout over NCCL (train_nccl.c): every tensor at a multiple of 4096 in G, rank r
+// owning [r S, (r + 1) S). Each tensor's parts over the ranks tile it in rank order at multiples of
+// 4096 of the tensor; ranks each stepping their parts (the same gradients: the reduce-scatter's mean
+// of identical ranks) give the one-optimizer weights bit for bit, 8-bit blocks of 4096 and flash.
+static void test_trainer_layout(void) {
+    test_rng rng = test_rng_new();
+    enum { T = 7 };
+    for (int form = 0; form < 2; form++)
+        for (int N = 1; N <= MAX_SHARDS; N++) {
+            int64_t n[T], at[T], total = 0;
+            for (int j = 0; j < T; j++) {
+                n[j] = j % 3 == 0 ? 1 + (int64_t)(test_uniform(&rng) * 2000) : 4096 * (int64_t)(test_uniform(&rng) * 6) + 1 + (int64_t)(test_uniform(&rng) * 9000);
+                total += n[j];
+            }
+            int64_t S = nccl_layout(n, T, N, at);
+            EXPECT(S % 4096 == 0 && S * N >= at[T - 1] + n[T - 1], "N %d: S %lld", N, (long long)S);
+            bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+            c.format = form ? BNB8_STATE_FLASH : BNB8_STATE_8BIT;
+            c.blocksize = 4096;
+            bnb8_optimizer *whole = NULL, *rank[MAX_SHARDS] = {0};
+            uint16_t *pw = malloc(2 * (size_t)total), *ps = malloc(2 * (size_t)total), *g = malloc(2 * (size_t)total);
+            EXPECT(bnb8_optimizer_create(&whole, BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+            for (int r = 0; r < N; r++) EXPECT(bnb8_optimizer_create(&rank[r], BNB8_ADAMW, &c) == 0, "%s", bnb8_last_error());
+            for (int64_t i = 0; i < total; i++) pw[i] = ps[i] = bnb8_f32_to_bf16((float)(0.1 * test_randn(&rng)));
+            int64_t base = 0;
+            for (int j = 0; j < T; j++) {
+                char name[16];
+                snprintf(name, sizeof name, "t%d", j);
+                EXPECT(at[j] % 4096 == 0 && (j == 0 || at[j] >= at[j - 1] + n[j - 1]), "N %d: tensor %d at %lld", N, j, (long long)at[j]);
+                EXPECT(bnb8_optimizer_add(whole, name, pw + base, BNB8_BF16, g + base, BNB8_BF16, n[j], NULL) == 0, "%s", bnb8_last_error());
+                int64_t covered = 0;
+                for (int r = 0; r < N; r++) {
+                    int64_t off, cnt;
+                    if (!nccl_part(at[j], n[j], S, r, &off, &cnt)) continue;
+                    EXPECT(off == covered && off % 4096 == 0 && ((off + cnt) % 4096 == 0 || off + cnt == n[j]) &&
+                           at[j] + off >= r * S && at[j] + off + cnt <= (r + 1) * S, "N %d: tensor %d's part on rank %d: [%lld, +%lld)",
+                           N, j, r, (long long)off, (long long)cnt);
+                    covered = off + cnt;
+                    bnb8_config o = c;
+                    if (cnt < n[j]) { o.shard_offset = off; o.shard_total = n[j]; }
+                    EXPECT(bnb8_optimizer_override(rank[r], name, &o) == 0 &&
+                           bnb8_optimizer_add(rank[r], name, ps + base + off, BNB8_BF16, g + base + off, BNB8_BF16, cnt, NULL) == 0,
+                           "N %d, rank %d, %s: %s", N, r, name, bnb8_last_error());
+                }
+                EXPECT(covered == n[j], "N %d: tensor %d: the ranks hold %lld of %lld elements", N, j, (long long)covered, (long long)n[j]);
+                base += n[j];
+            }
+            for (int s = 0; s < 3 && !test_failures(); s++) {
+                for (int64_t i = 0; i < total; i++) g[i] = bnb8_f32_to_bf16((float)(0.01 * test_randn(&rng)));
+                EXPECT(bnb8_optimizer_step(whole, 1e-3f, 1.0f, NULL) == 0, "%s", bnb8_last_error());
+                for (int r = 0; r < N; r++) EXPECT(bnb8_optimizer_step(rank[r], 1e-3f, 1.0f, NULL) == 0, "%s", bnb8_last_error());
+            }
+            EXPECT(memcmp(pw, ps, 2 * (size_t)total) == 0, "%s, N %d: the ranks' weights differ from one optimizer's",
+                   form ? "flash" : "8-bit 4096", N);
+            bnb8_optimizer_free(whole);
+            for (int r = 0; r < N; r++) bnb8_optimizer_free(rank[r]);
+            free(pw); free(ps); free(g);
+        }
+}
+
 void tests_shard(void) {
     snprintf(dir, sizeof dir, "/tmp/bnb8_shard_XXXXXX");
     if (!mkdtemp(dir)) { printf("test_shard: mkdtemp failed\n"); return; }
     test_run("shard: N = 1..8 shards of every kind and format step the whole tensor's bits (P15)", test_shard_parity);
     test_run("shard: files per shard round-trip; another sharding is refused (P15)", test_shard_files);
     test_run("shard: ranges that split a block or need the whole tensor are refused (P15)", test_shard_refused);
+    test_run("shard: the trainer's NCCL layout tiles every tensor at 4096; N ranks step one optimizer's bits (P15)", test_trainer_layout);
     test_remove_tree(dir, 1);
 }
