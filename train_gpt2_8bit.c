@@ -1573,6 +1573,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
 int main(int argc, char **argv) {
     TrainArgs args;
     char given[128];
+    nccl_pick_device();
     int p = parse_args(argc, argv, &args, given);
     if (p == 1) { usage(stdout); return 0; }
     if (p < 0) {

@@ -251,6 +251,7 @@ int64_t tensor_slices(const Trainer *t, int i);   // optimizer tensors of parame
 // a multiple of 4096; returns S, each rank's elements. nccl_part: rank's part of a tensor, 0 if none.
 int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at);
 int nccl_part(int64_t at, int64_t n, int64_t S, int rank, int64_t *offset, int64_t *count);
+void nccl_pick_device(void);   // main, first: the rank's GPU before anything touches CUDA
 int nccl_setup(Trainer *t);
 int nccl_open(Trainer *t);
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad);

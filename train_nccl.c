@@ -60,6 +60,7 @@ int nccl_setup(Trainer *t) {
                                  getenv("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : "BNB8_RANKS", ranks);
     return 0;
 }
+void nccl_pick_device(void) {}
 int nccl_open(Trainer *t) { (void)t; return train_fail("built without NCCL"); }
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) {
     (void)t; (void)j; (void)offset; (void)count; (void)grad; return 1;
@@ -136,12 +137,24 @@ static int nccl_rendezvous(Nccl *c, ncclUniqueId *id) {
     return train_fail("NCCL rendezvous: rank %d waited 120 s for rank 0's %s (BNB8_NCCL_ID)", c->rank, path);
 }
 
+// Before anything touches CUDA (main): the rank's GPU, so that no rank makes a context on GPU 0.
+// The GPU of this rank on its host: the local rank (OpenMPI's, BNB8_LOCAL_RANK), else the rank.
+static int nccl_local_rank(void) {
+    const char *v = env_first("OMPI_COMM_WORLD_LOCAL_RANK", "BNB8_LOCAL_RANK");
+    if (!v) v = env_first("OMPI_COMM_WORLD_RANK", "BNB8_RANK");
+    return v ? atoi(v) : 0;
+}
+void nccl_pick_device(void) {
+    int devices = 0;
+    if (env_first("OMPI_COMM_WORLD_SIZE", "BNB8_RANKS") && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+        cudaSetDevice(nccl_local_rank() % devices);
+}
+
 // From the environment: the ranks, this process's GPU, the communicator; the settings the path
 // does not support yet refused. t->nccl stays NULL when no rank variables are set.
 int nccl_setup(Trainer *t) {
     TrainArgs *a = &t->a;
     const char *size = env_first("OMPI_COMM_WORLD_SIZE", "BNB8_RANKS"), *rank = env_first("OMPI_COMM_WORLD_RANK", "BNB8_RANK");
-    const char *local = env_first("OMPI_COMM_WORLD_LOCAL_RANK", "BNB8_LOCAL_RANK");
     t->nccl = NULL;
     if (!size) return 0;
     int ranks = atoi(size), r = rank ? atoi(rank) : -1, devices = 0;
@@ -155,7 +168,7 @@ int nccl_setup(Trainer *t) {
     Nccl *c = (Nccl *)calloc(1, sizeof *c);
     if (!c) return train_fail("out of memory");
     t->nccl = c;
-    c->rank = r; c->ranks = ranks; c->local = local ? atoi(local) : r;
+    c->rank = r; c->ranks = ranks; c->local = nccl_local_rank();
     t->rule = CLIP_PREV;
     if (r > 0) a->verbose = 0;   // rank 0 prints
     if (cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount")) return -1;
