@@ -40,7 +40,7 @@ endif
 TEST_SRCS := $(filter-out test/test_train_gpu.c test/test_harness.c,$(wildcard test/test_*.c))
 HEADERS   := bnb8.h test/test.h
 # The trainer: its main file, the CPU model and the data side (gpt2_cuda.cu joins in the CUDA build).
-TRAIN_SRCS    := train_gpt2_8bit.c gpt2_cpu.c gpt2_data.c
+TRAIN_SRCS    := train_gpt2_8bit.c gpt2_cpu.c gpt2_data.c train_nccl.c
 TRAIN_HEADERS := train_gpt2_8bit.h gpt2.h gpt2_cpu.h gpt2_data.h gpt2_cuda.h bnb8.h
 
 .PHONY: all info test test-full test-asan corpus fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu scale-accuracy clean
@@ -52,6 +52,7 @@ info:
 	@echo "bnb8: nvcc       $(if $(NVCC),$(NVCC) $(NVCC_ARCH),not found: CPU-only library)"
 	@echo "bnb8: GPU        $(if $(GPU_CC),compute capability $(GPU_CC),none seen by nvidia-smi)"
 	@echo "bnb8: trainer    make train runs $(TRAIN_BIN)"
+	@echo "bnb8: NCCL       $(if $(NCCL),yes: several GPUs with mpirun -np N $(BUILD)/train_gpt2_8bit_cuda (README),no (one GPU per run))"
 
 $(BUILD):
 	@mkdir -p $(BUILD)
@@ -141,11 +142,18 @@ $(BUILD)/train_gpt2_8bit: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/bnb8.o | $(BUI
 # on the GPU), else the CPU trainer; `make train GPU=` picks the CPU trainer, `GPU=1` the CUDA one.
 GPU ?= $(if $(GPU_CC),1)
 TRAIN_BIN := $(if $(and $(NVCC),$(GPU)),$(BUILD)/train_gpt2_8bit_cuda,$(BUILD)/train_gpt2_8bit)
-TRAIN_CUDA_LIBS := $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a $(CUDA_LIBS) -lcublasLt -Wl,-rpath,$(CUDA_HOME)/lib64 -lstdc++
+# Several GPUs (train_nccl.c): NCCL from the CUDA toolkit when it has nccl.h and libnccl; without it
+# the CUDA trainer still builds and refuses ranks with a message.
+NCCL := $(if $(NVCC),$(shell test -f $(CUDA_HOME)/include/nccl.h && ls $(CUDA_HOME)/lib64/libnccl.so* >/dev/null 2>&1 && echo yes))
+TRAIN_CUDA_FLAGS := -DTRAIN_CUDA $(if $(NCCL),-DTRAIN_NCCL -I$(CUDA_HOME)/include)
+TRAIN_CUDA_LIBS := $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a $(CUDA_LIBS) -lcublasLt $(if $(NCCL),-lnccl) -Wl,-rpath,$(CUDA_HOME)/lib64 -lstdc++
 $(BUILD)/train_gpt2_8bit_cuda: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a | $(BUILD)
-	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) -DTRAIN_CUDA $(TRAIN_SRCS) -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -O3 $(TRAIN_OPT) $(TRAIN_CUDA_FLAGS) $(TRAIN_SRCS) -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
 
+GPU_COUNT := $(if $(GPU_CC),$(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU'),0)
 train: info $(TRAIN_BIN)
+	@if [ "$(GPU_COUNT)" -gt 1 ]; then echo "bnb8: $(GPU_COUNT) GPUs; this run uses one. On all of them (NCCL $(if $(NCCL),found,NOT found)):" \
+	    "mpirun -np $(GPU_COUNT) ./$(BUILD)/train_gpt2_8bit_cuda -R 0 -N prev (README, Several GPUs)"; fi
 	./$(TRAIN_BIN) $(TRAIN_ARGS)
 
 # The study corpus (dev/data/README.md): 18.6M train + 1.1M val GPT-2 tokens of documentation prose
@@ -200,7 +208,7 @@ $(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/test_harness.o $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
 
 $(BUILD)/test_train_gpu: test/test_train_gpu.c $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a test/test.h | $(BUILD)
-	$(CC) $(CFLAGS) -DTRAIN_CUDA -DTRAIN_NO_MAIN $< $(TRAIN_SRCS) $(BUILD)/test_harness.o -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(TRAIN_CUDA_FLAGS) -DTRAIN_NO_MAIN $< $(TRAIN_SRCS) $(BUILD)/test_harness.o -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
 
 ifneq ($(NVCC),)
 test-gpu: info $(BUILD)/test_gpu

@@ -395,6 +395,7 @@ typedef struct {
     void *param, *grad;
     bnb8_dtype param_dtype, grad_dtype;
     int64_t n;
+    int64_t offset, total;      // elements [offset, offset + n) of a tensor of total (whole: 0, n)
     int on_gpu;
     bnb8_config cfg;            // the base configuration or this tensor's override
     bnb8_state_format format;   // 8-bit or flash only from cfg.min_8bit_size elements on
@@ -530,6 +531,11 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
     if (bnb8_check_scale_dtype(fn, c->scale_dtype)) return BNB8_ERR_DTYPE;
     if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3 and min_8bit_size must be >= 0", fn);
+    if (c->shard_total < 0 || c->shard_total > BNB8_MAX_ELEMENTS || c->shard_offset < 0 ||
+        (c->shard_total == 0 ? c->shard_offset != 0 : c->shard_offset >= c->shard_total))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: shard_offset %lld, shard_total %lld: a shard starts in 0..shard_total - 1 "
+                         "(shard_total 0..2^52; 0 with offset 0: a whole tensor)", fn, (long long)c->shard_offset,
+                         (long long)c->shard_total);
     if ((int)c->map < 0 || c->map >= BNB8_NUM_MAPS)
         return bnb8_fail(BNB8_ERR_ARG, "%s: unknown map %d (0 dynamic, 1 linear)", fn, (int)c->map);
     if (c->blocksize != 0 && !bnb8_blocksize_ok(c->blocksize))
@@ -648,6 +654,30 @@ static void bnb8_layout_states(bnb8_tensor *t) {
     }
 }
 
+// A shard (DESIGN.md §5.6) steps as its part of the whole tensor only where it holds whole blocks
+// of its states (the last one may end at the tensor's end) and needs nothing of the rest of it.
+static int bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_tensor *t, const char *name) {
+    if (t->offset + t->n > t->total)
+        return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s': a shard of %lld elements at %lld runs past shard_total %lld", fn, name,
+                         (long long)t->n, (long long)t->offset, (long long)t->total);
+    if (t->n == t->total) return BNB8_OK;
+    const char *whole = t->format == BNB8_STATE_8BIT && t->cfg.blocksize == 0 ? "one absmax per tensor (blocksize 0)"
+                      : t->cfg.percentile_clipping < 100 ? "percentile clipping"
+                      : (kind == BNB8_LAMB || kind == BNB8_LARS) && t->cfg.max_unorm > 0.0f ? "a LAMB/LARS trust ratio (max_unorm > 0)"
+                      : NULL;
+    if (whole)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is a shard (elements [%lld, %lld) of %lld): %s needs the whole tensor", fn,
+                         name, (long long)t->offset, (long long)(t->offset + t->n), (long long)t->total, whole);
+    int64_t unit = t->format == BNB8_STATE_8BIT ? t->block : t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : 1;
+    int64_t end = t->offset + t->n;
+    if (t->offset % unit || (end % unit && end != t->total))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': a shard of elements [%lld, %lld) of %lld splits a %s of %lld: shards "
+                         "start and end at multiples of %lld (the last ends at the tensor's end)", fn, name,
+                         (long long)t->offset, (long long)end, (long long)t->total,
+                         t->format == BNB8_STATE_8BIT ? "block" : "group", (long long)unit, (long long)unit);
+    return BNB8_OK;
+}
+
 int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
                        void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
     const char *fn = "bnb8_optimizer_add";
@@ -672,8 +702,12 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     if (t.cfg.gnorm_scale_at && (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(t.cfg.gnorm_scale_at)) != t.on_gpu)
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' is %s memory, its cfg.gnorm_scale_at is not", fn, name,
                          t.on_gpu ? "GPU" : "host");
-    t.format = t.cfg.format != BNB8_STATE_32BIT && n >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
+    t.offset = t.cfg.shard_offset;
+    t.total = t.cfg.shard_total ? t.cfg.shard_total : n;
+    // the whole tensor's format: every shard of it has the same states
+    t.format = t.cfg.format != BNB8_STATE_32BIT && t.total >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
+    if ((status = bnb8_check_shard(fn, opt->kind, &t, name))) return status;
     for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
     // The GPU steps every tensor of a launch with one pair of maps (the optimizer's).
     if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.map != opt->cfg.map)
@@ -1180,7 +1214,8 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 // ------------------------------------------------------------------------------------------------
 // Optimizer state files (DESIGN.md §7). Little-endian:
 //   header: "BNB8OPT\0", u32 version, u32 optimizer kind, u32 tensor count, u32 CRC-32 of the above
-//   per tensor: u32 name length, name, i64 n, u32 format, u32 states, i64 block size, i64 step,
+//   per tensor: u32 name length, name, i64 n, [version 3: i64 shard offset, i64 shard total,]
+//               u32 format, u32 states, i64 block size, i64 step,
 //               u64 bytes, then the tensor's state memory as it lies (gradient-norm history, an
 //               fp32 master, absmax (8-bit) or scales (flash) per state, 32-bit states, an int8 or
 //               int16 correction, code bytes per state), then the weights as the tensor keeps them
@@ -1195,9 +1230,16 @@ int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct
 // needs no other copy of them. Version 1 files (before the weights of every tensor were in them)
 // still load: they hold only corrected tensors' weights (all of them, masters' too), and their
 // format word gives the dtype only there; the other weights stay as they are.
+// Version 3 is version 2 with each record's shard (DESIGN.md §5.6): written when a tensor is a part
+// of one (n < total), so that a file of whole tensors stays version 2 (read as offset 0, total n).
 
 #define BNB8_STATE_MAGIC "BNB8OPT"
-#define BNB8_STATE_VERSION 2u
+#define BNB8_STATE_VERSION 3u
+
+static int bnb8_file_version(const bnb8_optimizer *opt) {
+    for (int i = 0; i < opt->num_tensors; i++) if (opt->tensors[i].n != opt->tensors[i].total) return 3;
+    return 2;
+}
 
 static uint32_t bnb8_record_format(const bnb8_tensor *t, uint32_t version) {
     uint32_t f = (uint32_t)t->format;
@@ -1311,7 +1353,8 @@ static int bnb8_state_writer(FILE *f, const void *ctx) {
     const bnb8_optimizer *opt = (const bnb8_optimizer *)ctx;
     const char *fn = "bnb8_optimizer_save";
     int ok = 1, status = BNB8_OK;
-    uint32_t crc = 0, header[3] = {BNB8_STATE_VERSION, (uint32_t)opt->kind, (uint32_t)opt->num_tensors};
+    uint32_t version = (uint32_t)bnb8_file_version(opt);
+    uint32_t crc = 0, header[3] = {version, (uint32_t)opt->kind, (uint32_t)opt->num_tensors};
     ok &= bnb8_write(f, BNB8_STATE_MAGIC, 8, &crc);
     ok &= bnb8_write(f, header, sizeof header, &crc);
     uint32_t header_crc = crc;
@@ -1319,8 +1362,8 @@ static int bnb8_state_writer(FILE *f, const void *ctx) {
     for (int i = 0; ok && !status && i < opt->num_tensors; i++) {
         const bnb8_tensor *t = &opt->tensors[i];
         uint32_t name_len = (uint32_t)strlen(t->name), nstates = (uint32_t)t->nstates;
-        uint32_t format = bnb8_record_format(t, BNB8_STATE_VERSION);
-        size_t weight_bytes = bnb8_record_weight_bytes(t, BNB8_STATE_VERSION);
+        uint32_t format = bnb8_record_format(t, version);
+        size_t weight_bytes = bnb8_record_weight_bytes(t, version);
         uint64_t bytes = t->memory_bytes + weight_bytes;
         int64_t block = bnb8_record_block(t);
         void *host = NULL, *weights = t->param;
@@ -1334,6 +1377,7 @@ static int bnb8_state_writer(FILE *f, const void *ctx) {
         ok &= bnb8_write(f, &name_len, 4, &crc);
         ok &= bnb8_write(f, t->name, name_len, &crc);
         ok &= bnb8_write(f, &t->n, 8, &crc);
+        if (version >= 3) ok &= bnb8_write(f, &t->offset, 8, &crc) && bnb8_write(f, &t->total, 8, &crc);
         ok &= bnb8_write(f, &format, 4, &crc);
         ok &= bnb8_write(f, &nstates, 4, &crc);
         ok &= bnb8_write(f, &block, 8, &crc);
@@ -1396,11 +1440,12 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     if (!status && header[1] != (uint32_t)opt->kind)
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds optimizer kind %u, this optimizer is %d", fn, path, header[1], (int)opt->kind);
     if (!status && header[2] != (uint32_t)count)
-        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds %u tensors, %lld are registered", fn, path, header[2], (long long)count);
+        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds %u tensors, %lld are registered%s", fn, path, header[2], (long long)count,
+                           version >= 3 || bnb8_file_version(opt) >= 3 ? " (shards: a file of another sharding, or number of ranks?)" : "");
     for (ptrdiff_t i = 0; !status && i < count; i++) {
         const bnb8_tensor *t = &opt->tensors[i];
         uint32_t name_len = 0, format, nstates;
-        int64_t n, blocksize;
+        int64_t n, blocksize, offset = 0, total;
         uint64_t bytes;
         crc = 0;
         int ok = bnb8_read(f, &name_len, 4, &crc) && name_len <= BNB8_MAX_NAME && bnb8_read(f, name, name_len, &crc);
@@ -1410,9 +1455,20 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: tensor %lld is '%s', expected '%s'", fn, path, (long long)i, name, t->name);
             break;
         }
-        ok = bnb8_read(f, &n, 8, &crc) && bnb8_read(f, &format, 4, &crc) && bnb8_read(f, &nstates, 4, &crc) &&
+        ok = bnb8_read(f, &n, 8, &crc) && (version < 3 || (bnb8_read(f, &offset, 8, &crc) && bnb8_read(f, &total, 8, &crc))) &&
+             bnb8_read(f, &format, 4, &crc) && bnb8_read(f, &nstates, 4, &crc) &&
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
+        if (version < 3) total = n;
+        if ((n != total || t->n != t->total) && (offset != t->offset || total != t->total || n != t->n)) {
+            // another sharding (another number of ranks): say both, not just that n differs
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved as elements [%lld, %lld) of %lld; this optimizer "
+                               "holds [%lld, %lld) of %lld: a file of another sharding (number of ranks) or model; "
+                               "load it with the sharding that saved it", fn, path, name, (long long)offset,
+                               (long long)offset + n, (long long)total, (long long)t->offset,
+                               (long long)(t->offset + t->n), (long long)t->total);
+            break;
+        }
         size_t file_weights = bnb8_record_weight_bytes(t, version), want_bytes = t->memory_bytes + file_weights;
         uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record; of a flash record, its scale dtype
         if (t->format == BNB8_STATE_8BIT && (format & 0xffu) == BNB8_STATE_8BIT &&

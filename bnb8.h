@@ -144,6 +144,8 @@ typedef struct {
     const float *gnorm_scale_at; // NULL (default), or a float by which each step multiplies its gnorm_scale, read
                                  // as the step runs: in the tensor's memory (GPU: device memory, read in stream
                                  // order, so a kernel before the step may write it). Must be finite and > 0
+    int64_t shard_offset;        // a shard (data parallel, ZeRO-1; DESIGN.md §5.6): the tensor added is elements
+    int64_t shard_total;         // [shard_offset, shard_offset + n) of one of shard_total; 0 (default): whole
 } bnb8_config;
 
 // ==== [api.optimizer] the optimizer object (DESIGN.md §5.5, §6.5, §7) ============================
@@ -159,6 +161,14 @@ void bnb8_optimizer_free(bnb8_optimizer *opt);
 int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
 // Registers a tensor of n elements; its states are allocated where param lives (CPU or GPU). grad
 // may be NULL until set; *id (may be NULL) receives its index.
+// A shard (its cfg's shard_total > 0, set with bnb8_optimizer_override): param and grad point at
+// element shard_offset of the whole tensor, n elements. Its blocks and groups are the whole tensor's,
+// so N shards stepped apart make the whole tensor's bits: the state format follows shard_total (not
+// n) against min_8bit_size, and a shard must start and end on a boundary of its states: a multiple
+// of the block size (8-bit) or of 32 (flash) from the tensor's start, the end also at shard_total
+// (4096 suits every format). Refused for a part of a tensor (n < shard_total), as they need the
+// whole tensor: one absmax per tensor (blocksize 0), percentile clipping, LAMB/LARS trust ratios
+// (max_unorm > 0). cfg.sum_squares then gives the shard's part (see bnb8_optimizer_sum_squares).
 int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
                        void *grad, bnb8_dtype grad_dtype, int64_t n, int *id);
 // Points tensor id at another gradient buffer (gradient release reuses buffers).
@@ -177,12 +187,15 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
 int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
 // out[id] (bnb8_optimizer_count doubles): tensor id's sum of g^2 at its latest step (cfg.sum_squares; else 0),
 // summed in one fixed order, the same bits on CPU and GPU (DESIGN.md §5.4). GPU: waits for the device.
+// A shard's sum is of its own elements: ranks add theirs in rank order (the same bits on every rank
+// and every run of that sharding); that order differs from the whole tensor's, by a few ulps of a double.
 int bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out);
 // The number of tensors; the step count of tensor id (-1 when there is none).
 int bnb8_optimizer_count(const bnb8_optimizer *opt);
 int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id);
 
-// Persistent bytes of the registered tensors (the trainer's bytes-per-parameter report, DESIGN.md §8.6).
+// Persistent bytes of the registered tensors (the trainer's bytes-per-parameter report, DESIGN.md §8.6);
+// of a shard, its own n elements (a rank's share).
 typedef struct {
     int64_t params;              // number of parameters
     double weights;              // the parameters themselves
@@ -196,6 +209,7 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 // (path.tmp.<pid>.<n>), flushed, renamed; on failure path is untouched and no temporary is left.
 int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
 // Reads a file of bnb8_optimizer_save that matches the registered tensors; on any error nothing changes.
+// Each shard's record names its range: a file of another sharding is refused with both ranges.
 int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
 // The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors).
 int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);

@@ -111,7 +111,7 @@ static const char *master_name(const Layout *l) {
 // as soon as backward has its gradients; so is it under the prev and est clipping rules (prev sums
 // the optimizer's per-tensor sums, est steps layer by layer): the same tensors make the same bits
 // with release and without.
-static int64_t tensor_slices(const Trainer *t, int i) {
+int64_t tensor_slices(const Trainer *t, int i) {
     return (t->a.release || t->rule != CLIP_EXACT) && gpt2_param_is_layer(i) ? t->model.config.num_layers : 1;
 }
 // Slice l (of n elements) of tensor i's gradients, where the optimizer reads them; under release the
@@ -162,20 +162,25 @@ static int optimizer_build(Trainer *t) {
             char name[64];
             if (slices > 1) snprintf(name, sizeof name, "%s.%lld", gpt2_param_names[i], (long long)l);
             else snprintf(name, sizeof name, "%s", gpt2_param_names[i]);
-            if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1) {
+            // a tensor's gradients; under release, the one slice every layer's gradients pass through
+            void *grad = slice_grad(t, i, l, n);
+            int64_t off = 0, count = n;   // several GPUs: this rank's shard of it, or none
+            if (t->nccl && !nccl_share(t, optimizer_id(t, i, l), &off, &count, &grad)) continue;
+            if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1 || count < n) {
                 bnb8_config o = cfg;
                 if (!gpt2_param_is_matrix[i]) o.weight_decay = 0.0f;
                 if (stable_wte) o.format = BNB8_STATE_32BIT;   // the master stays: cfg names it
                 if (slices > 1) o.min_8bit_size = m->param_sizes[i] >= cfg.min_8bit_size ? 0 : INT64_MAX;
+                if (count < n) { o.shard_offset = off; o.shard_total = n; }
                 if (bnb8_optimizer_override(t->opt, name, &o)) return train_fail("optimizer: %s", bnb8_last_error());
             }
             double before = bnb8_optimizer_memory(t->opt, 0).states;
             int id = -1;
-            char *param = (char *)t->param[i] + es * (size_t)(l * n);
-            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, slice_grad(t, i, l, n), lay->grads, n, &id))
+            char *param = (char *)t->param[i] + es * (size_t)(l * n + off);
+            if (bnb8_optimizer_add(t->opt, name, param, lay->weights, grad, lay->grads, count, &id))
                 return train_fail("optimizer: %s", bnb8_last_error());
             // bf16 weights: bf16 + master of the fp32 weights (fp32 ones already are the weights)
-            if (lay->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n))
+            if (lay->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n + off))
                 return train_fail("optimizer: %s", bnb8_last_error());
             t->state_bytes[i] += bnb8_optimizer_memory(t->opt, 0).states - before;
         }
@@ -970,6 +975,7 @@ static int gpu_open(Trainer *t) {
     for (int i = 0; i < GPT2_NUM_PARAMS; i++)
         if (m->param_sizes[i]) { t->param[i] = gpt2_cuda_param_tensor(g->model, i); t->grad[i] = g->grads.tensor[i]; }
     t->scale_at = gpt2_cuda_clip_scale(g->model);
+    if (t->nccl && nccl_open(t)) return -1;
     return optimizer_open(t);
 }
 
@@ -1016,6 +1022,7 @@ static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int
 // order, as under release (where backward stepped them). Then the device memory in use.
 static int gpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     Gpu *g = &t->gpu;
+    if (t->nccl) { int status = nccl_step(t, lr, norm, skipped); gpu_note_memory(g); return status; }
     *norm = NAN;
     *skipped = 0;
     if (t->rule == CLIP_EXACT) {
@@ -1055,6 +1062,8 @@ static int gpu_logits(Trainer *t, const int *tokens, int64_t n, float **logits) 
 // Into the host copy of the weights: bf16 ones' masters (decoded, or the fp32 master), fp32 ones copied.
 static int gpu_masters(Trainer *t, float **out) {
     *out = t->model.params_memory;
+    if (t->nccl && bnb8_optimizer_memory(t->opt, 0).params != t->model.num_parameters)
+        return train_fail("the fp32 masters of several ranks' shards (-X, the final weights): not there yet over NCCL");
     if (t->lay.weights != BNB8_F32) return export_masters(t, t->model.params_memory);
     if (gpt2_cuda_get_params(t->gpu.model, t->model.params_memory)) return train_fail("GPU weights: %s", gpt2_cuda_last_error());
     return 0;
@@ -1077,6 +1086,7 @@ static int gpu_device_memory(Trainer *t, double *computed, double *measured) {
     const Gpu *g = &t->gpu;
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, 0);
     *computed = mem.weights + mem.correction + (double)g->grads_bytes + mem.states + (double)gpt2_cuda_act_bytes(g->model);
+    if (t->nccl) *computed += nccl_extra_bytes(t);
     *measured = (double)(g->used_peak - g->used_before);
     return 1;
 }
@@ -1145,7 +1155,7 @@ static int check_settings(Trainer *t) {
     }
     t->prev_norm = NAN;
     t->profile[0] = t->profile[1] = t->profile[2] = NAN;
-    return 0;
+    return nccl_setup(t);   // several GPUs, when the environment names ranks
 }
 
 // 2. The model: from the newest complete checkpoint when resuming, else from -e.
@@ -1370,6 +1380,7 @@ void trainer_free(Trainer *t) {
     free(t->sums);
     free(t->group_sums);
     free(t->shares);
+    nccl_free(t);
     if (t->dev) t->dev->close(t);
     loader_free(&t->loader);
     tokenizer_free(&t->tok);
@@ -1478,6 +1489,7 @@ static void print_memory(Trainer *t) {
                "    slices of the rest): %.3f bytes per parameter\n", (double)t->gpu.grads_bytes / P);
     if (working) printf("    working copies: %.3f bytes per parameter (fp32 weights and gradients for the CPU model)\n", 8.0);
     printf("    activations: %.3f bytes per parameter at this batch size\n", acts / P);
+    if (t->nccl) nccl_print_memory(t);
     double computed, measured;
     if (t->dev->device_memory(t, &computed, &measured)) {
         printf("  device memory: computed (weights + master + gradients + states + activations) ");
@@ -1538,11 +1550,13 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
     *loss = 0.0f;
     if (t->rule == CLIP_EST) est_shares(t->profile, &t->model.config, t->shares);
     for (int64_t micro = 0; micro < t->a.accum; micro++) {
-        loader_next(&t->loader);
+        if (t->nccl) nccl_batch(t);
+        else loader_next(&t->loader);
         float micro_loss = NAN;
         if (t->dev->micro_step(t, t->loader.inputs, t->loader.targets, micro > 0, lr, &micro_loss)) return -1;
         *loss += micro_loss / (float)t->a.accum;
     }
+    if (t->nccl && nccl_mean_loss(t, loss)) return -1;
     if (t->dev->step(t, lr, norm, skipped)) return -1;
     if (*skipped) return 0;
     int64_t bad = bnb8_optimizer_take_nonfinite(t->opt);
@@ -1742,6 +1756,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
 int main(int argc, char **argv) {
     TrainArgs args;
     char given[128];
+    nccl_pick_device();
     int p = parse_args(argc, argv, &args, given);
     if (p == 1) { usage(stdout); return 0; }
     if (p < 0) {

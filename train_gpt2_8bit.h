@@ -270,6 +270,7 @@ struct Trainer {
     float *grads;
     uint16_t *weights16, *grads16;
     Gpu gpu;                          // the GPU row
+    struct Nccl *nccl;                // several GPUs (train_nccl.c), or NULL
 };
 // Phases 1-4 of train_run (settings, model, data, device and optimizer); trainer_free undoes them.
 int trainer_open(Trainer *t, const TrainArgs *a);
@@ -277,6 +278,27 @@ void trainer_free(Trainer *t);
 // Up to gen_tokens tokens after an end-of-text (at most T in all) into out (out[0] is the start):
 // their number, or -1 on a device error.
 int64_t generate(Trainer *t, int eot, int64_t gen_tokens, int *out);
+
+// Data parallel over NCCL with sharded optimizer states (train_nccl.c, DESIGN.md §8.8): on when
+// OMPI_COMM_WORLD_SIZE or BNB8_RANKS is set. nccl_setup (settings: the ranks, the GPU, the
+// communicator), nccl_open (the exchange buffer, before the optimizer), nccl_share (tensor j's part
+// on this rank: 0 for none), the step, this rank's batch, the ranks' mean loss, the report.
+typedef struct Nccl Nccl;
+int64_t tensor_slices(const Trainer *t, int i);   // optimizer tensors of parameter tensor i
+// The exchange buffer's layout (no NCCL needed; the tests' too): tensor j of n[j] elements at at[j],
+// a multiple of 4096; returns S, each rank's elements. nccl_part: rank's part of a tensor, 0 if none.
+int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at);
+int nccl_part(int64_t at, int64_t n, int64_t S, int rank, int64_t *offset, int64_t *count);
+void nccl_pick_device(void);   // main, first: the rank's GPU before anything touches CUDA
+int nccl_setup(Trainer *t);
+int nccl_open(Trainer *t);
+int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad);
+int nccl_step(Trainer *t, float lr, double *norm, int *skipped);
+void nccl_batch(Trainer *t);
+int nccl_mean_loss(Trainer *t, float *loss);
+double nccl_extra_bytes(const Trainer *t);
+void nccl_print_memory(const Trainer *t);
+void nccl_free(Trainer *t);
 
 // Tests only (NULL in the trainer): called on the CPU after each step's backward, before the
 // optimizer step, with the fp32 gradients (the model's layout), to inject faults.

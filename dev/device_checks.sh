@@ -4,7 +4,8 @@
 # steps with flash + gradient release, the kernels' parity, their speed with the peers; `recipes`
 # (not in the default list) trains d12 12 steps with each recipe and keeps the loss lines, to compare
 # two commits' trainers on one GPU kind (recipes.txt, without the timings); `scale` (not in the default
-# list either) runs issue P10's scale-accuracy run against FlashOptim on the same GPU tensors.
+# list either) runs issue P10's scale-accuracy run against FlashOptim on the same GPU tensors; `nccl`
+# (2 GPUs) trains d12 over NCCL on 2 ranks against one GPU with the same global batch.
 #
 #   bash dev/device_checks.sh                 # builds with make (the GPU's own architecture), runs all
 #   BIN=build/run bash dev/device_checks.sh   # runs binaries built elsewhere (e.g. here with
@@ -69,7 +70,20 @@ LIST
     # issue P10's accuracy run on the GPU: torch fp32 AdamW, FlashOptim and bnb8 on the same tensors
     scale)   make -j"$(nproc)" build/libbnb8_shim.so > "$OUT/make_shim.log" 2>&1 || { tail -n 30 "$OUT/make_shim.log"; exit 1; }
              check scale env PYTHONPATH="$PWD/.whl/site" PYTHONUNBUFFERED=1 python3 dev/bench/peers/scale_accuracy_peers.py ;;
-    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench recipes scale)"; exit 2 ;;
+    # several GPUs (P15, not in the default list; a machine with 2 GPUs): d12 flash over NCCL, 2 ranks x
+    # B=8 against one GPU x B=8 x A=2 (the same global batch, the same batches per step); the losses
+    # side by side in nccl.txt (the reduction order differs: close, not equal). NCCL_RANKS=4 for 4 GPUs.
+    nccl)    R=${NCCL_RANKS:-2}
+             F="-R 0 -N prev -b 8 -n 30 -v 0 -G 0 -u 5"
+             check nccl1 "$BIN/train_gpt2_8bit_cuda" $F -A "$R"
+             rm -f /tmp/bnb8_nccl_check.id
+             check nccl env NCCL_NVLS_ENABLE=0 bash -c 'pids=""; for r in $(seq 0 $(($1 - 1))); do
+                 BNB8_RANKS=$1 BNB8_RANK=$r BNB8_NCCL_ID=/tmp/bnb8_nccl_check.id "$2" ${@:3} & pids="$pids $!"; done
+                 rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc' nccl "$R" "$BIN/train_gpt2_8bit_cuda" $F
+             paste <(grep -a '^step ' "$OUT/nccl1.log" | cut -c1-40) <(grep -a '^step ' "$OUT/nccl.log" | cut -c1-40) > "$OUT/nccl.txt"
+             grep -a -E 'per GPU|weights [0-9.]+ \+ gradients|device memory' "$OUT/nccl.log" >> "$OUT/nccl.txt"
+             cat "$OUT/nccl.txt" ;;
+    *)       echo "unknown check '$c' (trainer model d72 d72c kernels bench recipes scale nccl)"; exit 2 ;;
     esac
 done
 echo "=== summary"

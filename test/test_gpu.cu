@@ -671,6 +671,111 @@ static void test_gnorm_scale_at(void) {
     cudaFree(dfactor);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Shards (DESIGN.md §5.6): N shards of one tensor registered with one GPU optimizer (as a rank of the
+// trainer holds its shards of every tensor), stepped in one launch, against the same shards on the
+// CPU (the state files byte for byte) and the whole tensor on the CPU (weights and fp32 masters):
+// test_shard.c holds the CPU's shards to the CPU's whole tensor, state by state.
+
+static bool file_bytes_equal(const char *pa, const char *pb) {
+    FILE *a = fopen(pa, "rb"), *b = fopen(pb, "rb");
+    bool same = a && b;
+    for (int ca = 0, cb = 0; same && (ca != EOF || cb != EOF);) { ca = fgetc(a); cb = fgetc(b); same = ca == cb; }
+    if (a) fclose(a);
+    if (b) fclose(b);
+    return same;
+}
+
+static void shard_gpu_case(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdt, int N, int64_t unit, const char *label) {
+    int64_t total = unit * (4 * N + (int64_t)(test_uniform(&rng) * 8)) + 1 + (int64_t)(test_uniform(&rng) * (double)(unit - 1));
+    std::vector<int64_t> b(N + 1, 0);
+    b[N] = total;
+    for (int k = 1; k < N; k++) b[k] = b[k - 1] + unit * (1 + (int64_t)(test_uniform(&rng) * 4));   // uneven, inside
+    size_t es = bnb8_dtype_size(pdt), bytes = es * (size_t)total;
+    std::vector<uint8_t> pw(bytes), ps(bytes), g(bytes), back(bytes);
+    std::vector<float> master(total), xw(total), xs(total);
+    fill_random(master.data(), BNB8_F32, total, 0.1f);
+    for (int64_t i = 0; i < total; i++) bnb8_store(pw.data(), pdt, i, master[i]);
+    ps = pw;
+    uint8_t *pd = device_copy(pw.data(), bytes), *gd = NULL;
+    CUDA_CHECK(cudaMalloc(&gd, bytes));
+    bnb8_optimizer *whole = NULL, *cpu = NULL, *gpu = NULL;
+    int ok = bnb8_optimizer_create(&whole, kind, &cfg) == 0 && bnb8_optimizer_create(&cpu, kind, &cfg) == 0 &&
+             bnb8_optimizer_create(&gpu, kind, &cfg) == 0 &&
+             bnb8_optimizer_add(whole, "w", pw.data(), pdt, g.data(), pdt, total, NULL) == 0;
+    if (ok && pdt != BNB8_F32) ok = bnb8_optimizer_import_fp32(whole, 0, master.data()) == 0;
+    for (int k = 0; ok && k < N; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "w.%d", k);
+        bnb8_config o = cfg;
+        o.shard_offset = b[k]; o.shard_total = total;
+        size_t at = es * (size_t)b[k];
+        int64_t n = b[k + 1] - b[k];
+        ok = bnb8_optimizer_override(cpu, name, &o) == 0 && bnb8_optimizer_override(gpu, name, &o) == 0 &&
+             bnb8_optimizer_add(cpu, name, ps.data() + at, pdt, g.data() + at, pdt, n, NULL) == 0 &&
+             bnb8_optimizer_add(gpu, name, pd + at, pdt, gd + at, pdt, n, NULL) == 0;
+        if (ok && pdt != BNB8_F32)
+            ok = bnb8_optimizer_import_fp32(cpu, k, master.data() + b[k]) == 0 && bnb8_optimizer_import_fp32(gpu, k, master.data() + b[k]) == 0;
+    }
+    EXPECT(ok, "%s: %s", label, bnb8_last_error());
+    for (int step = 1; ok && step <= 20; step++) {
+        fill_random(g.data(), pdt, total, 0.01f);
+        if (step % 7 == 3) bnb8_store(g.data(), pdt, step % total, NAN);
+        CUDA_CHECK(cudaMemcpy(gd, g.data(), bytes, cudaMemcpyHostToDevice));
+        float lr = cfg.lr * (1.0f - 0.03f * (float)step);
+        ok = bnb8_optimizer_step(whole, lr, 1.0f, NULL) == 0 && bnb8_optimizer_step(cpu, lr, 1.0f, NULL) == 0 &&
+             bnb8_optimizer_step(gpu, lr, 1.0f, NULL) == 0;
+        EXPECT(ok, "%s: step %d: %s", label, step, bnb8_last_error());
+    }
+    CUDA_CHECK(cudaMemcpy(back.data(), pd, bytes, cudaMemcpyDeviceToHost));
+    int64_t nw = bnb8_optimizer_take_nonfinite(whole), nc = bnb8_optimizer_take_nonfinite(cpu), ng = bnb8_optimizer_take_nonfinite(gpu);
+    EXPECT(nw == nc && nc == ng && nw > 0, "%s: non-finite counts whole %lld, CPU shards %lld, GPU shards %lld", label,
+           (long long)nw, (long long)nc, (long long)ng);
+    EXPECT(memcmp(pw.data(), ps.data(), bytes) == 0, "%s: the CPU shards' weights differ from the whole tensor's", label);
+    EXPECT(memcmp(ps.data(), back.data(), bytes) == 0, "%s: the GPU shards' weights differ from the CPU's", label);
+    EXPECT(bnb8_optimizer_export_fp32(whole, 0, xw.data()) == 0, "%s", bnb8_last_error());
+    for (int k = 0; k < N; k++) EXPECT(bnb8_optimizer_export_fp32(gpu, k, xs.data() + b[k]) == 0, "%s", bnb8_last_error());
+    EXPECT(memcmp(xw.data(), xs.data(), sizeof(float) * (size_t)total) == 0, "%s: the GPU shards' fp32 masters differ", label);
+    char path_cpu[64], path_gpu[64];
+    snprintf(path_cpu, sizeof path_cpu, "/tmp/bnb8_shard_cpu_%d.state", (int)getpid());
+    snprintf(path_gpu, sizeof path_gpu, "/tmp/bnb8_shard_gpu_%d.state", (int)getpid());
+    EXPECT(bnb8_optimizer_save(cpu, path_cpu) == 0 && bnb8_optimizer_save(gpu, path_gpu) == 0, "save: %s", bnb8_last_error());
+    EXPECT(file_bytes_equal(path_cpu, path_gpu), "%s: the GPU shards' state file differs from the CPU's", label);
+    remove(path_cpu);
+    remove(path_gpu);
+    bnb8_optimizer_free(whole); bnb8_optimizer_free(cpu); bnb8_optimizer_free(gpu);
+    cudaFree(pd); cudaFree(gd);
+}
+
+static void test_shard_parity(void) {
+    struct { bnb8_optim kind; int format; int64_t blocksize; bnb8_dtype pdt; int correction; } cases[] = {
+        {BNB8_ADAMW, BNB8_STATE_FLASH, 256, BNB8_BF16, 1},    // the fast path
+        {BNB8_ADAMW, BNB8_STATE_FLASH, 256, BNB8_BF16, 2},
+        {BNB8_LION, BNB8_STATE_FLASH, 256, BNB8_BF16, 4},
+        {BNB8_SGD, BNB8_STATE_FLASH, 256, BNB8_F16, 1},
+        {BNB8_ADAMW, BNB8_STATE_8BIT, 256, BNB8_BF16, 1},
+        {BNB8_ADAM, BNB8_STATE_8BIT, 2048, BNB8_F32, 0},
+        {BNB8_ADEMAMIX, BNB8_STATE_8BIT, 256, BNB8_F32, 0},
+        {BNB8_ADAMW, BNB8_STATE_32BIT, 256, BNB8_BF16, 4},
+        {BNB8_RMSPROP, BNB8_STATE_32BIT, 256, BNB8_F32, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int N = 1; N <= 8; N *= 2) {
+            bnb8_config cfg = bnb8_config_default(cases[c].kind);
+            cfg.format = (bnb8_state_format)cases[c].format;
+            cfg.blocksize = cases[c].blocksize;
+            cfg.correction_bytes = cases[c].correction;
+            cfg.sum_squares = 1;
+            int64_t unit = cfg.format == BNB8_STATE_8BIT ? cfg.blocksize : cfg.format == BNB8_STATE_FLASH ? 32 : 1;
+            if (c % 2) unit = 4096;   // the trainer's boundaries
+            char label[128];
+            snprintf(label, sizeof label, "%s format %d block %lld weights %s correction %d, N %d, cuts at %lld",
+                     optimizer_names[cases[c].kind], cases[c].format, (long long)cases[c].blocksize, dtype_name(cases[c].pdt),
+                     cases[c].correction, N, (long long)unit);
+            shard_gpu_case(cases[c].kind, cfg, cases[c].pdt, N, unit, label);
+        }
+}
+
 int main(void) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -692,5 +797,6 @@ int main(void) {
     test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     test_run("gnorm_scale_at: a device factor written before each step, GPU equals CPU at the products", test_gnorm_scale_at);
+    test_run("shards: N = 1, 2, 4, 8 shards in one GPU launch equal the CPU's shards and whole tensor (P15)", test_shard_parity);
     return test_summary();
 }

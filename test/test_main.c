@@ -13,5 +13,6 @@ int main(void) {
     tests_faults();
     tests_flash();
     tests_guard();
+    tests_shard();
     return test_summary();
 }

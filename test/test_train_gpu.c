@@ -22,6 +22,9 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            fp32 parity model; each checkpoint's bytes
            equal the formats' (fp32 and 8bit: an fp32 master and no bf16 weights; about 12, 6.03,
            5.03, 5.125 bytes per parameter);
+  nccl     the data parallel path (train_nccl.c) with one rank (BNB8_RANKS=1): every recipe, 8 steps
+           of -N prev with some clipped, equals the plain GPU path bit for bit (losses, norms, masters,
+           steps clipped); -R 1 and -N exact are refused over NCCL with a message (P15);
   memory   d12 (-w 0, B=16, T=1024): persistent bytes per parameter 16, 10.031, 7.031, 7.125 for fp32,
            8bit, 8bit-int8, flash, and 14, 8.031, 5.031, 5.125 with release (no gradient buffer), and
            the device memory measured by cudaMemGetInfo within 5% of the computed total; tokens/s
@@ -29,6 +32,7 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
 
 Data: the embedded fortunes files. The last line is "N passed, M failed"; exit status 1 on failure.
 */
+#define _POSIX_C_SOURCE 200809L   // setenv
 #include "train_gpt2_8bit.h"
 #include "test/test.h"
 #include <stdlib.h>
@@ -353,6 +357,44 @@ static void test_memory_d12(void) {
     }
 }
 
+
+// The NCCL path with one rank: the gradients pass through the exchange buffer (reduce-scatter of
+// one rank: the same values), the optimizer holds every tensor whole as its one shard, the weights
+// come back through the all-gather; nothing may change a bit.
+static void test_nccl_one_rank(void) {
+    const int S = 8;
+    int64_t n = num_params("d2c64h2");
+    float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n), l0[8], l1[8];
+    double n0[8], n1[8];
+    for (int k = 0; k < 4 && p0 && p1; k++) {
+        TrainArgs a;
+        small_args(&a, all_recipes[k], k == 3 ? "lion" : "adamw", S, 2);
+        a.clip_rule = CLIP_PREV;
+        a.grad_clip = 1.0f;
+        TrainResult r0 = {0}, r1 = {0};
+        r0.norms = n0; r1.norms = n1;
+        unsetenv("BNB8_RANKS");
+        int ok = run(&a, l0, p0, n, &r0) == 0;
+        setenv("BNB8_RANKS", "1", 1); setenv("BNB8_RANK", "0", 1); setenv("BNB8_NCCL_ID", "build/test_train_gpu.nccl.id", 1);
+        ok = ok && run(&a, l1, p1, n, &r1) == 0;
+        EXPECT(ok, "%s: %s", all_recipes[k], train_error_text);
+        int same = ok && memcmp(l0, l1, sizeof l0) == 0 && memcmp(n0, n1, sizeof n0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0 &&
+                   r0.clipped_steps == r1.clipped_steps;
+        EXPECT(same, "%s: the NCCL path with one rank differs from the plain path (loss at step 8: %.9g vs %.9g, norm %.17g vs "
+               "%.17g, %lld vs %lld steps clipped)", all_recipes[k], (double)l1[S - 1], (double)l0[S - 1], n1[S - 1], n0[S - 1],
+               (long long)r1.clipped_steps, (long long)r0.clipped_steps);
+        printf("  nccl: %-9s one rank = the plain GPU path: %s (last loss %.6f, %lld steps clipped)\n", all_recipes[k],
+               same ? "bit-identical" : "DIFFERENT", (double)l1[S - 1], (long long)r1.clipped_steps);
+        // what the path does not do yet is refused, saying so
+        a.release = 1;
+        EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "-R"), "-R 1 over NCCL: '%s'", train_error_text);
+        a.release = 0; a.clip_rule = CLIP_EXACT;
+        EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "-N exact"), "-N exact over NCCL: '%s'", train_error_text);
+        unsetenv("BNB8_RANKS"); unsetenv("BNB8_RANK"); unsetenv("BNB8_NCCL_ID");
+    }
+    free(p0); free(p1);
+}
+
 int main(void) {
     printf("bnb8 GPU trainer tests, TEST_SEED=%llu\n", (unsigned long long)test_seed());
     if (!gpu_available()) { printf("test_train_gpu: no GPU found (%s)\n0 passed, 1 failed\n", gpt2_cuda_last_error()); return 1; }
@@ -363,6 +405,7 @@ int main(void) {
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
     test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);
+    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit (P15)", test_nccl_one_rank);
     test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
     return test_summary();
 }
