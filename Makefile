@@ -149,7 +149,7 @@ comma := ,
 NCCL_HOME ?= $(firstword $(foreach d,$(CUDA_HOME) $(if $(NVCC),$(shell python3 -c "import nvidia.nccl as n; print(list(n.__path__)[0])" 2>/dev/null)),$(if $(and $(wildcard $(d)/include/nccl.h),$(wildcard $(d)/lib*/libnccl.so.2)),$(d))))
 NCCL_LIBDIR := $(if $(NCCL_HOME),$(patsubst %/,%,$(dir $(firstword $(wildcard $(NCCL_HOME)/lib*/libnccl.so.2)))))
 NCCL := $(if $(and $(NVCC),$(NCCL_LIBDIR)),yes)
-TRAIN_CUDA_FLAGS := -DTRAIN_CUDA $(if $(NCCL),-DTRAIN_NCCL -I$(NCCL_HOME)/include)
+TRAIN_CUDA_FLAGS := -DTRAIN_CUDA $(if $(NCCL),-DTRAIN_NCCL -I$(NCCL_HOME)/include -I$(CUDA_HOME)/include)
 TRAIN_CUDA_LIBS := $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a $(CUDA_LIBS) -lcublasLt \
                    $(if $(NCCL),-L$(NCCL_LIBDIR) -l:libnccl.so.2 -Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR)) -Wl,-rpath,$(CUDA_HOME)/lib64 -lstdc++
 $(BUILD)/train_gpt2_8bit_cuda: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a | $(BUILD)
