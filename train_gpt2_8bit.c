@@ -736,7 +736,7 @@ static void remove_stale_temporaries(const char *dir, int verbose) {
     if (!d) return;
     struct dirent *e;
     struct stat st;
-    char path[4096];
+    char path[TRAIN_PATH_MAX];
     while ((e = readdir(d)))
         if (strstr(e->d_name, ".tmp") && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
             lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0 && verbose)
