@@ -1460,6 +1460,11 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
              bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
         if (version < 3) total = n;
+        if (n < 0 || offset < 0 || total < 0 || offset > total || n > total - offset) {
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' holds an impossible element range (%lld elements at %lld of %lld)",
+                               fn, path, name, (long long)n, (long long)offset, (long long)total);
+            break;
+        }
         if ((n != total || t->n != t->total) && (offset != t->offset || total != t->total || n != t->n)) {
             // another sharding (another number of ranks): say both, not just that n differs
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved as elements [%lld, %lld) of %lld; this optimizer "

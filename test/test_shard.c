@@ -320,6 +320,16 @@ static void test_shard_files(void) {
     status = bnb8_optimizer_load(two[0], wpath);
     EXPECT(status == BNB8_ERR_FORMAT && strstr(bnb8_last_error(), "saved as elements [0, 13065) of 13065"),
            "the whole tensor's file into a shard: status %d, '%s'", status, bnb8_last_error());
+    // a range no tensor can have (offset + n past INT64_MAX: found by the fuzzer) is refused, not summed
+    FILE *f = fopen(path[0], "r+b");
+    uint32_t name_len = 0;
+    int64_t huge[2] = {INT64_MAX, INT64_MAX};
+    EXPECT(f && fseek(f, 24, SEEK_SET) == 0 && fread(&name_len, 4, 1, f) == 1 && fseek(f, 24 + 4 + (long)name_len + 8, SEEK_SET) == 0 &&
+           fwrite(huge, 8, 2, f) == 2, "patching %s", path[0]);
+    if (f) fclose(f);
+    status = bnb8_optimizer_load(two[0], path[0]);
+    EXPECT(status == BNB8_ERR_FORMAT && strstr(bnb8_last_error(), "impossible element range"), "offset INT64_MAX: status %d, '%s'",
+           status, bnb8_last_error());
     // a file with a tensor count of another sharding says so
     bnb8_optimizer *pair = NULL;
     bnb8_config o = sc.c;
