@@ -4,7 +4,8 @@ import math
 import os
 import re
 
-STEP = re.compile(r'^step\s+(\d+)/(\d+) \| loss (\S+) \| lr (\S+) \| norm\s+(\S+) \|')
+# the norm may be followed by the clip rule's own norm ("(est a..b)", "(prev x)") and "clipped"
+STEP = re.compile(r'^step\s+(\d+)/(\d+) \| loss (\S+) \| lr (\S+) \| norm\s+(\S+)([^|]*)\|')
 VAL = re.compile(r'^step\s+(\d+) \| val loss (\S+)')
 SPEED = re.compile(r'^speed\s+(\S+) tokens/s')
 TOTAL = re.compile(r'= ([0-9.]+)\s*$')                           # "weights .. + optimizer state .. = X"
