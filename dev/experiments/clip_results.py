@@ -201,7 +201,8 @@ def cost_table():
         rs = rows[n]
         med = statistics.median(r['speed'] for r in rs)
         f = rs[0]['flags']
-        md.append(f"| {n} | `-R {f.get('-R', '?')} -N {f.get('-N', '?')} -g {f.get('-g', '?')}` | " +
+        flags = ' '.join(f'{k} {f[k]}' for k in ('-R', '-N', '-g') if k in f)
+        md.append(f"| {n} | `{flags}` | " +
                   ' / '.join(f"{r['speed']:.0f}" for r in rs) + f' | {med:.0f} | ' +
                   (f'{100 * (med / base - 1):+.1f}%' if base else '—') + ' | ' +
                   (f"{rs[0]['bpp']:.3f}" + (f" (+ {rs[0]['scratch']:.3f} scratch)" if rs[0]['scratch'] else '')
