@@ -1,12 +1,15 @@
-"""results.py [EXP_OUT] [--summary]: turns $EXP_OUT/logs/*/*.log into $EXP_OUT/RESULTS.md (default
-EXP_OUT: dev/experiments); --summary also prints a short table of every run. Every number in it is
-read from a log. Standard library only."""
+"""results.py [EXP_OUT] [--summary] [--readme]: turns $EXP_OUT/logs/*/*.log into $EXP_OUT/RESULTS.md
+(default EXP_OUT: dev/experiments); --summary also prints a short table of every run, --readme the
+README's table (markdown). Every number in it is read from a log. Where EXP_OUT is the scripts' own
+folder, the runs the study scripts list (their EXP_QUEUE, default settings) without a complete log
+are named as missing. Standard library only."""
 import glob
 import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -15,6 +18,8 @@ from logparse import divergence, parse, worst_spike, worst_val_rise  # noqa: E40
 ARGS = [a for a in sys.argv[1:] if not a.startswith('--')]
 OUT = ARGS[0] if ARGS else os.environ.get('EXP_OUT', 'dev/experiments')
 SUMMARY = '--summary' in sys.argv   # also print a short table of every run
+README = '--readme' in sys.argv     # also print the README's table
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def f4(x):
@@ -146,17 +151,17 @@ def study2(md):
                      r['stable'] or '—', f4(r['final_val']),
                      f4(min((x for _, x in r['val'] if math.isfinite(x)), default=None)),
                      f4(worst_val_rise(r) if done else None), f4(worst_spike(r) if done else None),
-                     r['skipped_steps'] if done else '—', speed(r), memory(r), where(r), status(r)])
+                     r['skipped_steps'] if done else '—', speed(r), bytes_per_param(r), memory(r), where(r), status(r)])
     md.append(table(['run', 'peak lr', 'recipe', 'map', 'block', 'StableEmbedding', 'final val loss',
                      'lowest val loss', 'worst val rise', 'worst spike', 'skipped steps', 'tokens/s',
-                     'device memory (measured)', 'GPU, date, commit', 'status'], rows))
+                     'persistent bytes/param', 'device memory (measured)', 'GPU, date, commit', 'status'], rows))
 
 
 def study3(md):
     rows = [[f"`{r['name']}`", r['flags'].get('-d', '—'), r['recipe'] or '—', f4(r['final_val']), speed(r),
-             memory(r), where(r), status(r)] for r in runs_of('study3_seeds')]
-    md.append(table(['run', 'seed', 'recipe', 'final val loss', 'tokens/s', 'device memory (measured)',
-                     'GPU, date, commit', 'status'], rows))
+             bytes_per_param(r), memory(r), where(r), status(r)] for r in runs_of('study3_seeds')]
+    md.append(table(['run', 'seed', 'recipe', 'final val loss', 'tokens/s', 'persistent bytes/param',
+                     'device memory (measured)', 'GPU, date, commit', 'status'], rows))
     vals, spread, std = seed_spread()
     if spread is not None:
         md.append(f'\nfp32 final val loss over {len(vals)} seeds: mean {statistics.mean(vals):.4f}, '
@@ -179,6 +184,45 @@ def commands(md, study, runs):
         md.append('<details><summary>the trainer commands</summary>\n\n```\n' + ''.join(cmds) + '```\n</details>\n')
 
 
+def missing():
+    """The runs the study scripts list (run and same lines of their EXP_QUEUE) that have no complete
+    log in OUT, in the scripts' order; None where OUT is not the scripts' folder (another record)."""
+    if not os.path.isdir(OUT) or not os.path.samefile(OUT, HERE):
+        return None
+    out = []
+    with tempfile.NamedTemporaryFile('r') as q:
+        for study, _, _ in STUDIES:
+            env = dict(os.environ, EXP_QUEUE=q.name, EXP_OUT=OUT)
+            subprocess.run(['bash', os.path.join(HERE, study + '.sh')], env=env, stdout=subprocess.DEVNULL, check=True)
+        for line in q.read().splitlines():
+            _, study, name = line.split()[:3]
+            r = parse(os.path.join(OUT, 'logs', study, name + '.log')) \
+                if os.path.exists(os.path.join(OUT, 'logs', study, name + '.log')) else None
+            if r is None or not r['complete'] or 'skipped' in r['header']:
+                out.append(f'{study}/{name}')
+    return out
+
+
+def readme_table():
+    """The README's table: study 1's AdamW runs and study 4's, against fp32, with the seed spread."""
+    _, spread, _ = seed_spread()
+    rows = []
+    for study in ('study1_recipes', 'study4_scale'):
+        runs = runs_of(study)
+        ref = {r['optim']: r for r in runs if is_ref(r)}
+        for r in runs:
+            if r['optim'] != 'adamw' or not ran(r):
+                continue
+            base, f = ref.get('adamw'), r['flags']
+            setup = ' '.join(f'{k} {f[k]}' for k in ('-K', '-R') if k in f and (k, f[k]) != ('-R', '0'))
+            delta = f"{100 * (r['final_val'] - base['final_val']) / base['final_val']:+.2f}%" \
+                if base and r is not base else '—'
+            rows.append([f"{r['model']} `{r['recipe']}{' ' + setup if setup else ''}`", f4(r['final_val']), delta,
+                         bytes_per_param(r), memory(r), speed(r), where(r)])
+    return table(['run (AdamW)', 'final val loss', 'vs fp32', 'persistent bytes/param', 'device memory (measured)',
+                  'tokens/s', 'GPU, date, commit'], rows), spread
+
+
 def main():
     head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()
     all_runs = [parse(p) for p in sorted(glob.glob(os.path.join(OUT, 'logs', '*', '*.log')))]
@@ -196,6 +240,10 @@ def main():
     diverged = [r['name'] for r in all_runs if status(r).startswith('**diverged')]
     md.append(f"\nDiverged runs (a non-finite loss, a skipped step, or a loss above its start): "
               f"{', '.join(f'`{n}`' for n in diverged) if diverged else 'none'}.\n")
+    gone = missing()
+    if gone is not None:
+        md.append(f"Runs the study scripts list that have no complete log yet ({len(gone)}): "
+                  f"{', '.join(f'`{g}`' for g in gone) if gone else 'none'}.\n")
     for study, title, fn in STUDIES:
         runs = runs_of(study)
         if not runs:
@@ -210,6 +258,11 @@ def main():
     with open(path, 'w') as f:
         f.write('\n'.join(md))
     print(f'{path}: {len(all_runs)} logs, {len(diverged)} diverged')
+    if README:
+        t, spread = readme_table()
+        print(t + (f"\nfp32 seed spread (study 3): {spread:.4f}" if spread is not None else ''))
+        if gone:
+            print('missing: ' + ', '.join(gone))
     if SUMMARY:
         print(f"{'run':44} {'val loss':>8} {'tokens/s':>9} {'B/param':>7} {'memory':>9}  status")
         for r in all_runs:
