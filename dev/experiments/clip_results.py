@@ -184,31 +184,34 @@ unset multiplot
 
 
 def cost_table():
-    """release_cost.sh's runs: tokens/s and memory per configuration, the median over its rounds."""
+    """release_cost.sh's runs: tokens/s and memory per shape and configuration, the median over its
+    rounds, against exact clipping without release in the same shape."""
     rows = {}
     for path in sorted(glob.glob(os.path.join(COST, '*.log'))):
         r = parse(path)
         if r['complete']:
-            rows.setdefault(r['name'].rsplit('_r', 1)[0], []).append(r)
+            rule, shape = r['name'].rsplit('_r', 1)[0].rsplit('_', 1)
+            rows.setdefault(shape, {}).setdefault(rule, []).append(r)
     if not rows:
         return None, []
     order = ['exact', 'noclip_release', 'prev_release', 'est_release']
-    names = [n for n in order if n in rows] + sorted(n for n in rows if n not in order)
-    base = statistics.median(r['speed'] for r in rows['exact']) if 'exact' in rows else None
-    md = ['| run | flags | tokens/s per round | median | vs exact | persistent bytes/param | device memory (measured) |',
-          '|---|---|---|---|---|---|---|']
-    for n in names:
-        rs = rows[n]
-        med = statistics.median(r['speed'] for r in rs)
-        f = rs[0]['flags']
-        flags = ' '.join(f'{k} {f[k]}' for k in ('-R', '-N', '-g') if k in f)
-        md.append(f"| {n} | `{flags}` | " +
-                  ' / '.join(f"{r['speed']:.0f}" for r in rs) + f' | {med:.0f} | ' +
-                  (f'{100 * (med / base - 1):+.1f}%' if base else '—') + ' | ' +
-                  (f"{rs[0]['bpp']:.3f}" + (f" (+ {rs[0]['scratch']:.3f} scratch)" if rs[0]['scratch'] else '')
-                   if rs[0]['bpp'] is not None else '—') + ' | ' +
-                  (f"{rs[0]['mem'] / 1e9:.2f} GB" if rs[0]['mem'] else '—') + ' |')
-    every = [r for rs in rows.values() for r in rs]
+    md = ['| shape | run | flags | tokens/s per round | median | vs exact | persistent bytes/param | '
+          'device memory (measured) |', '|---|---|---|---|---|---|---|---|']
+    for shape in sorted(rows, key=lambda x: -int(x[1:].split('t')[0]) * int(x.split('t')[1])):
+        by = rows[shape]
+        base = statistics.median(r['speed'] for r in by['exact']) if 'exact' in by else None
+        for n in [n for n in order if n in by] + sorted(n for n in by if n not in order):
+            rs = by[n]
+            med = statistics.median(r['speed'] for r in rs)
+            f = rs[0]['flags']
+            flags = ' '.join(f'{k} {f[k]}' for k in ('-R', '-N', '-g') if k in f)
+            b = rs[0]['bpp']
+            md.append(f"| B={f.get('-b', '?')}, T={f.get('-t', '?')} | {n} | `{flags}` | " +
+                      ' / '.join(f"{r['speed']:.0f}" for r in rs) + f' | {med:.0f} | ' +
+                      (f'{100 * (med / base - 1):+.1f}%' if base else '—') + ' | ' +
+                      ('—' if b is None else f'{b:.3f}' + (f" (+ {rs[0]['scratch']:.3f} scratch)" if rs[0]['scratch'] else '')) +
+                      ' | ' + (f"{rs[0]['mem'] / 1e9:.2f} GB" if rs[0]['mem'] else '—') + ' |')
+    every = [r for by in rows.values() for rs in by.values() for r in rs]
     return where(every), md
 
 
@@ -245,7 +248,7 @@ def main():
     md.append('\n## What release costs: tokens/s and memory\n')
     at, cost = cost_table()
     if cost:
-        md.append('`dev/experiments/release_cost.sh`: d12, B=16, T=1024, flash AdamW, one GPU, the runs one after '
+        md.append('`dev/experiments/release_cost.sh`: d12, flash AdamW, one GPU, the runs one after '
                   f'another, interleaved over rounds ({at}). Tokens/s: the trainer\'s `speed` line (training '
                   'steps after the first, no evaluation).\n')
         md += cost
