@@ -116,7 +116,7 @@ int64_t tensor_slices(const Trainer *t, int i) {
 }
 // Slice l (of n elements) of tensor i's gradients, where the optimizer reads them; under release the
 // one slice every layer's gradients pass through.
-static void *slice_grad(const Trainer *t, int i, int64_t l, int64_t n) {
+void *slice_grad(const Trainer *t, int i, int64_t l, int64_t n) {
     return (char *)t->grad[i] + (t->a.release ? 0 : bnb8_dtype_size(t->lay.grads) * (size_t)(l * n));
 }
 // The optimizer id of slice l of tensor i.
@@ -277,7 +277,7 @@ void est_update(double profile[3], const double *sums, int L) {
 
 // Group g in backward's order (0 the final LayerNorm, 1..L layers L-1..0, L+1 the embeddings): its
 // optimizer ids, with their gradients and sizes where the optimizer reads them; returns the count.
-static int group_tensors(const Trainer *t, int g, int *ids, void **grads, int64_t *n) {
+int group_tensors(const Trainer *t, int g, int *ids, void **grads, int64_t *n) {
     static const int lnf[] = {GPT2_LNFW, GPT2_LNFB}, embed[] = {GPT2_WTE, GPT2_WPE, GPT2_LNEW, GPT2_LNEB};
     const GPT2 *m = &t->model;
     int L = m->config.num_layers, count = 0;
@@ -1003,6 +1003,7 @@ static int gpu_clip_group(Trainer *t, int g, void *const *grads, const int64_t *
 typedef struct { Trainer *t; float lr, scale; } ReleaseStep;
 static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
     const ReleaseStep *r = (const ReleaseStep *)ctx;
+    if (r->t->nccl) return nccl_release_group(r->t, group_of(r->t, which), r->lr, r->scale, stream) ? 1 : 0;
     return step_group(r->t, group_of(r->t, which), r->lr, r->scale, stream) ? 1 : 0;
 }
 

@@ -285,6 +285,11 @@ int64_t generate(Trainer *t, int eot, int64_t gen_tokens, int *out);
 // on this rank: 0 for none), the step, this rank's batch, the ranks' mean loss, the report.
 typedef struct Nccl Nccl;
 int64_t tensor_slices(const Trainer *t, int i);   // optimizer tensors of parameter tensor i
+// Slice l (n elements) of tensor i's gradients where the optimizer reads them (release: the shared slice).
+void *slice_grad(const Trainer *t, int i, int64_t l, int64_t n);
+// Backward's group g (0 the final LayerNorm, 1..L layers L-1..0, L+1 the embeddings; per-layer tensors
+// sliced): its tensors' ids in the plain numbering, gradients and sizes; returns their count.
+int group_tensors(const Trainer *t, int g, int *ids, void **grads, int64_t *n);
 // The exchange buffer's layout (no NCCL needed; the tests' too): tensor j of n[j] elements at at[j],
 // a multiple of 4096; returns S, each rank's elements. nccl_part: rank's part of a tensor, 0 if none.
 int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at);
@@ -294,6 +299,8 @@ int nccl_setup(Trainer *t);
 int nccl_open(Trainer *t);
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad);
 int nccl_step(Trainer *t, float lr, double *norm, int *skipped);
+// Gradient release: group g's gradients are final (backward's callback, on the model's stream).
+int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream);
 void nccl_batch(Trainer *t);
 int nccl_mean_loss(Trainer *t, float *loss);
 double nccl_extra_bytes(const Trainer *t);

@@ -16,8 +16,19 @@ into its part of G, G is all-gathered, and every tensor is copied back into the 
 The clip norm is the previous step's (-N prev): the optimizer sums g^2 of its shards as it reads
 them; ranks all-gather their sums and add them in rank order.
 
+Gradient release (-R 1): G is laid out group by group (backward's groups: the final LayerNorm, each
+layer, the embeddings; each group's tensors at multiples of 4096, its own elements per rank), in two
+buffers of the largest group, group g in buffer g % 2. As backward finishes group g (its callback, on
+the model's stream), the group's gradients are copied out of the model's shared slices into the
+buffer on that stream (backward overwrites them next); the exchange stream then reduce-scatters the
+buffer, steps this rank's shards of the group, all-gathers their weights and copies them back into
+the model, while backward goes on with the layers below (which read only their own weights). Every
+NCCL call of a release run is on the exchange stream, so the ranks issue them in one order; the model's
+stream waits for the last exchange before the next forward. Per GPU: the bf16 weights, the release
+slices, the two buffers, and 1/N of the master and states.
+
 Built with -DTRAIN_NCCL when the Makefile finds nccl.h and libnccl; without it, asking for ranks is
-refused with a message. Not yet: gradient release (-R 1), checkpoints (-o), -X with several ranks.
+refused with a message. Not yet: checkpoints (-o), -X with several ranks, -N est.
 */
 #define _POSIX_C_SOURCE 200809L
 #include "train_gpt2_8bit.h"
@@ -68,6 +79,9 @@ int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) 
 int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
     (void)t; (void)lr; (void)norm; (void)skipped; return train_fail("built without NCCL");
 }
+int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream) {
+    (void)t; (void)g; (void)lr; (void)scale; (void)stream; return train_fail("built without NCCL");
+}
 void nccl_batch(Trainer *t) { loader_next(&t->loader); }
 int nccl_mean_loss(Trainer *t, float *loss) { (void)t; (void)loss; return 0; }
 double nccl_extra_bytes(const Trainer *t) { (void)t; return 0.0; }
@@ -85,11 +99,19 @@ struct Nccl {
     size_t es;                 // bytes of a weight and of a gradient (the same on the GPU)
     int count;                 // optimizer tensors (the plain path's numbering)
     void **param, **grad;      // (count) where the model keeps each tensor's weights and gradients
-    int64_t *n, *at;           // (count) its elements and its offset in G
-    int64_t S;                 // elements of G per rank; G holds ranks * S
+    int64_t *n, *at;           // (count) its elements and its offset in its group's layout
+    int64_t S;                 // elements of G per rank; G holds ranks * S (release: the largest group's)
     void *G;                   // the flat buffer the gradients and weights pass through
-    Share *shares;             // (num_shares) in registration order
+    Share *shares;             // (num_shares) in registration order: share k is the optimizer's id k
     int num_shares;
+    int *share_of;             // (count) tensor j's share index (its optimizer id), -1: none on this rank
+    int groups;                // 1 (every tensor at once), or under release backward's L + 2 groups
+    int *group;                // (count) tensor j's group
+    int64_t *group_S;          // (groups) each group's elements per rank
+    void *G2;                  // release: the second buffer (odd groups)
+    cudaStream_t xs;           // release: the exchange stream
+    cudaEvent_t ready[2], done[2];   // release: a buffer's gradients copied in; its exchange finished
+    int events;                // release: the events and the stream exist
     double *dev_sums;          // (ranks + 1) device: this rank's sum, then everyone's
     float *dev_loss;           // (1) device
     int *inputs, *targets;     // (B T) this rank's batch
@@ -160,10 +182,9 @@ int nccl_setup(Trainer *t) {
     int ranks = atoi(size), r = rank ? atoi(rank) : -1, devices = 0;
     if (ranks < 1 || r < 0 || r >= ranks) return train_fail("NCCL: rank %s of %s (BNB8_RANK, BNB8_RANKS): need 0 <= rank < ranks", rank ? rank : "unset", size);
     if (a->device != 2) return train_fail("data parallel training over NCCL (%d ranks) runs on the GPU (-D gpu)", ranks);
-    if (a->release) return train_fail("gradient release (-R 1) over NCCL is not there yet: use -R 0 with %d ranks", ranks);
     if (a->clip_rule == CLIP_EXACT || a->clip_rule == CLIP_EST)
-        return train_fail("-N %s over NCCL is not there yet (the norm of the reduced gradients): use -N prev",
-                          a->clip_rule == CLIP_EXACT ? "exact" : "est");
+        return train_fail("-N %s over NCCL is not there yet (the norm of the reduced gradients): use -N prev%s",
+                          a->clip_rule == CLIP_EXACT ? "exact" : "est", a->release ? " (the default over NCCL)" : "");
     if (a->out_dir[0] || a->resume) return train_fail("checkpoints (-o) over NCCL are not there yet");
     if (a->parity) return train_fail("-P fp32 over NCCL is not there yet");
     Nccl *c = (Nccl *)calloc(1, sizeof *c);
@@ -190,47 +211,90 @@ int nccl_setup(Trainer *t) {
 }
 
 // G's layout over the optimizer tensors of the GPU model (t->param, t->grad set): each at a
-// multiple of NCCL_ALIGN, ranks S elements each. Called before the optimizer is built.
+// multiple of NCCL_ALIGN, ranks S elements each; under release one layout per backward group, two
+// buffers of the largest. Called before the optimizer is built.
 int nccl_open(Trainer *t) {
     Nccl *c = t->nccl;
     const GPT2 *m = &t->model;
+    int L = m->config.num_layers;
     c->es = bnb8_dtype_size(t->lay.weights);
     if (bnb8_dtype_size(t->lay.grads) != c->es) return train_fail("NCCL: weights and gradients of different sizes");
     c->type = t->lay.weights == BNB8_BF16 ? ncclBfloat16 : ncclFloat32;
     c->count = 0;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) if (m->param_sizes[i]) c->count += (int)tensor_slices(t, i);
-    c->param = (void **)calloc((size_t)c->count, sizeof(void *));
-    c->grad = (void **)calloc((size_t)c->count, sizeof(void *));
-    c->n = (int64_t *)calloc((size_t)c->count, sizeof(int64_t));
-    c->at = (int64_t *)calloc((size_t)c->count, sizeof(int64_t));
-    c->shares = (Share *)calloc((size_t)c->count, sizeof(Share));
-    if (!c->param || !c->grad || !c->n || !c->at || !c->shares) return train_fail("out of memory");
-    int j = 0;
-    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
+    c->groups = t->a.release ? L + 2 : 1;
+    size_t count = (size_t)c->count;
+    c->param = (void **)calloc(count, sizeof(void *));
+    c->grad = (void **)calloc(count, sizeof(void *));
+    c->n = (int64_t *)calloc(count, sizeof(int64_t));
+    c->at = (int64_t *)calloc(count, sizeof(int64_t));
+    c->shares = (Share *)calloc(count, sizeof(Share));
+    c->share_of = (int *)calloc(count, sizeof(int));
+    c->group = (int *)calloc(count, sizeof(int));
+    c->group_S = (int64_t *)calloc((size_t)c->groups, sizeof(int64_t));
+    int *members = (int *)calloc(count, sizeof(int));
+    int64_t *n = (int64_t *)calloc(count, sizeof(int64_t)), *at = (int64_t *)calloc(count, sizeof(int64_t));
+    int bad = !c->param || !c->grad || !c->n || !c->at || !c->shares || !c->share_of || !c->group || !c->group_S ||
+              !members || !n || !at;
+    for (int i = 0, j = 0; !bad && i < GPT2_NUM_PARAMS; i++) {
         if (!m->param_sizes[i]) continue;
-        int64_t slices = tensor_slices(t, i), n = m->param_sizes[i] / slices;
+        int64_t slices = tensor_slices(t, i), size = m->param_sizes[i] / slices;
         for (int64_t l = 0; l < slices; l++, j++) {
-            c->param[j] = (char *)t->param[i] + c->es * (size_t)(l * n);
-            c->grad[j] = (char *)t->grad[i] + c->es * (size_t)(l * n);
-            c->n[j] = n;
+            c->param[j] = (char *)t->param[i] + c->es * (size_t)(l * size);
+            c->grad[j] = slice_grad(t, i, l, size);
+            c->n[j] = size;
+            c->share_of[j] = -1;
         }
     }
-    c->S = nccl_layout(c->n, c->count, c->ranks, c->at);
+    // each group's tensors laid out on their own (one group: every tensor, in order)
+    c->S = 0;
+    for (int g = 0; !bad && g < c->groups; g++) {
+        int k = 0;
+        if (c->groups == 1) for (; k < c->count; k++) members[k] = k;
+        else {
+            void *grads[GPT2_NUM_PARAMS];
+            k = group_tensors(t, g, members, grads, n);
+        }
+        for (int q = 0; q < k; q++) { n[q] = c->n[members[q]]; c->group[members[q]] = g; }
+        c->group_S[g] = nccl_layout(n, k, c->ranks, at);
+        for (int q = 0; q < k; q++) c->at[members[q]] = at[q];
+        if (c->group_S[g] > c->S) c->S = c->group_S[g];
+    }
+    free(members); free(n); free(at);
+    if (bad) return train_fail("out of memory");
     size_t bytes = c->es * (size_t)(c->S * c->ranks);
     if (cuda_check(cudaMalloc(&c->G, bytes), "cudaMalloc of the gradient and weight exchange buffer") ||
         cuda_check(cudaMemset(c->G, 0, bytes), "cudaMemset") ||
         cuda_check(cudaMalloc((void **)&c->dev_sums, sizeof(double) * (size_t)(c->ranks + 1)), "cudaMalloc") ||
         cuda_check(cudaMalloc((void **)&c->dev_loss, sizeof(float)), "cudaMalloc"))
         return -1;
+    if (!t->a.release) return 0;
+    if (cuda_check(cudaMalloc(&c->G2, bytes), "cudaMalloc of the second exchange buffer") ||
+        cuda_check(cudaMemset(c->G2, 0, bytes), "cudaMemset") ||
+        cuda_check(cudaStreamCreate(&c->xs), "cudaStreamCreate"))
+        return -1;
+    for (int b = 0; b < 2; b++)
+        if (cuda_check(cudaEventCreateWithFlags(&c->ready[b], cudaEventDisableTiming), "cudaEventCreate") ||
+            cuda_check(cudaEventCreateWithFlags(&c->done[b], cudaEventDisableTiming), "cudaEventCreate"))
+            return -1;
+    c->events = 1;
     return 0;
+}
+
+// The buffer group g's gradients and weights pass through.
+static char *group_buffer(const Nccl *c, int g) { return (char *)(g % 2 ? c->G2 : c->G); }
+// The stream of every NCCL call: the exchange stream under release, else the model's.
+static cudaStream_t nccl_stream(const Trainer *t) {
+    return t->nccl->events ? t->nccl->xs : (cudaStream_t)gpt2_cuda_stream(t->gpu.model);
 }
 
 // Optimizer tensor j's part on this rank: [*offset, *offset + *count) of its n elements, its
 // gradients in G. 0 when the rank holds none of it (then it is not registered here).
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) {
     Nccl *c = t->nccl;
-    if (!nccl_part(c->at[j], c->n[j], c->S, c->rank, offset, count)) return 0;
-    *grad = (char *)c->G + c->es * (size_t)(c->at[j] + *offset);
+    if (!nccl_part(c->at[j], c->n[j], c->group_S[c->group[j]], c->rank, offset, count)) return 0;
+    *grad = group_buffer(c, c->group[j]) + c->es * (size_t)(c->at[j] + *offset);
+    c->share_of[j] = c->num_shares;
     c->shares[c->num_shares++] = (Share){j, *offset, *count};
     return 1;
 }
@@ -251,42 +315,82 @@ void nccl_batch(Trainer *t) {
 int nccl_mean_loss(Trainer *t, float *loss) {
     Nccl *c = t->nccl;
     float sum = 0.0f;
-    struct CUstream_st *s = gpt2_cuda_stream(t->gpu.model);
-    if (cuda_check(cudaMemcpyAsync(c->dev_loss, loss, sizeof(float), cudaMemcpyHostToDevice, (cudaStream_t)s), "loss copy") ||
-        nccl_check(ncclAllReduce(c->dev_loss, c->dev_loss, 1, ncclFloat32, ncclSum, c->comm, (cudaStream_t)s), "ncclAllReduce") ||
-        cuda_check(cudaMemcpyAsync(&sum, c->dev_loss, sizeof(float), cudaMemcpyDeviceToHost, (cudaStream_t)s), "loss copy") ||
-        cuda_check(cudaStreamSynchronize((cudaStream_t)s), "cudaStreamSynchronize"))
+    cudaStream_t s = nccl_stream(t);
+    if (cuda_check(cudaMemcpyAsync(c->dev_loss, loss, sizeof(float), cudaMemcpyHostToDevice, s), "loss copy") ||
+        nccl_check(ncclAllReduce(c->dev_loss, c->dev_loss, 1, ncclFloat32, ncclSum, c->comm, s), "ncclAllReduce") ||
+        cuda_check(cudaMemcpyAsync(&sum, c->dev_loss, sizeof(float), cudaMemcpyDeviceToHost, s), "loss copy") ||
+        cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize"))
         return -1;
     *loss = sum / (float)c->ranks;
     return 0;
 }
 
-// The step: gradients into G, reduce-scatter (average), this rank's shards stepped in one launch,
-// their weights into G, all-gather, every tensor's weights back into the model. *norm: the norm of
-// this step's mean gradient from the ranks' sums of g^2, added in rank order (the next step clips
-// with it).
-int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
-    Nccl *c = t->nccl;
-    cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(t->gpu.model);
-    char *G = (char *)c->G;
-    *norm = NAN;
-    *skipped = 0;
+// Group g's gradients (every tensor's when there is one group) into its buffer, on stream s.
+static int gradients_in(const Nccl *c, int g, cudaStream_t s) {
+    char *X = group_buffer(c, g);
     for (int j = 0; j < c->count; j++)
-        if (cuda_check(cudaMemcpyAsync(G + c->es * (size_t)c->at[j], c->grad[j], c->es * (size_t)c->n[j], cudaMemcpyDeviceToDevice, s), "gradient copy")) return -1;
-    if (nccl_check(ncclReduceScatter(G, G + c->es * (size_t)(c->rank * c->S), (size_t)c->S, c->type, ncclAvg, c->comm, s), "ncclReduceScatter"))
-        return -1;
-    if (bnb8_optimizer_step(t->opt, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum), (struct CUstream_st *)s))
-        return train_fail("optimizer step: %s", bnb8_last_error());
+        if (c->group[j] == g &&
+            cuda_check(cudaMemcpyAsync(X + c->es * (size_t)c->at[j], c->grad[j], c->es * (size_t)c->n[j], cudaMemcpyDeviceToDevice, s),
+                       "gradient copy"))
+            return -1;
+    return 0;
+}
+// Group g's buffer reduce-scattered (the ranks' mean): rank r's part is its shards' gradients.
+static int reduce_gradients(const Nccl *c, int g, cudaStream_t s) {
+    char *X = group_buffer(c, g);
+    size_t S = (size_t)c->group_S[g];
+    return nccl_check(ncclReduceScatter(X, X + c->es * (size_t)c->rank * S, S, c->type, ncclAvg, c->comm, s), "ncclReduceScatter");
+}
+// After the step of group g's shards: their weights into the buffer, all-gathered, and every tensor
+// of the group copied back into the model's weights.
+static int weights_out(const Nccl *c, int g, cudaStream_t s) {
+    char *X = group_buffer(c, g);
+    size_t S = (size_t)c->group_S[g];
     for (int k = 0; k < c->num_shares; k++) {
         const Share *h = &c->shares[k];
         size_t off = c->es * (size_t)h->offset;
-        if (cuda_check(cudaMemcpyAsync(G + c->es * (size_t)c->at[h->j] + off, (char *)c->param[h->j] + off, c->es * (size_t)h->count,
-                                       cudaMemcpyDeviceToDevice, s), "weight copy")) return -1;
+        if (c->group[h->j] == g &&
+            cuda_check(cudaMemcpyAsync(X + c->es * (size_t)c->at[h->j] + off, (char *)c->param[h->j] + off, c->es * (size_t)h->count,
+                                       cudaMemcpyDeviceToDevice, s), "weight copy"))
+            return -1;
     }
-    if (nccl_check(ncclAllGather(G + c->es * (size_t)(c->rank * c->S), G, (size_t)c->S, c->type, c->comm, s), "ncclAllGather")) return -1;
+    if (nccl_check(ncclAllGather(X + c->es * (size_t)c->rank * S, X, S, c->type, c->comm, s), "ncclAllGather")) return -1;
     for (int j = 0; j < c->count; j++)
-        if (cuda_check(cudaMemcpyAsync(c->param[j], G + c->es * (size_t)c->at[j], c->es * (size_t)c->n[j], cudaMemcpyDeviceToDevice, s), "weight copy")) return -1;
-    // the norm: this rank's sums in tensor order, then the ranks' in rank order
+        if (c->group[j] == g &&
+            cuda_check(cudaMemcpyAsync(c->param[j], X + c->es * (size_t)c->at[j], c->es * (size_t)c->n[j], cudaMemcpyDeviceToDevice, s),
+                       "weight copy"))
+            return -1;
+    return 0;
+}
+
+// Gradient release: backward finished group g (model's stream `stream`). Its gradients leave the
+// shared slices on that stream, once the buffer's previous group has left the buffer; the exchange
+// stream reduce-scatters them, steps this rank's shards of the group (at scale: the previous step's
+// clip), and gathers the weights back into the model.
+int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream) {
+    Nccl *c = t->nccl;
+    cudaStream_t s = (cudaStream_t)stream;
+    int b = g % 2, ids[GPT2_NUM_PARAMS], k = 0;
+    if (cuda_check(cudaStreamWaitEvent(s, c->done[b], 0), "cudaStreamWaitEvent") || gradients_in(c, g, s) ||
+        cuda_check(cudaEventRecord(c->ready[b], s), "cudaEventRecord") ||
+        cuda_check(cudaStreamWaitEvent(c->xs, c->ready[b], 0), "cudaStreamWaitEvent") || reduce_gradients(c, g, c->xs))
+        return -1;
+    for (int j = 0; j < c->count; j++)
+        if (c->group[j] == g && c->share_of[j] >= 0) {
+            if (k == GPT2_NUM_PARAMS) return train_fail("NCCL: group %d has more than %d tensors", g, GPT2_NUM_PARAMS);
+            ids[k++] = c->share_of[j];
+        }
+    if (k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, scale, (struct CUstream_st *)c->xs))
+        return train_fail("optimizer step: %s", bnb8_last_error());
+    if (weights_out(c, g, c->xs) || cuda_check(cudaEventRecord(c->done[b], c->xs), "cudaEventRecord")) return -1;
+    return 0;
+}
+
+// The norm of this step's mean gradient: this rank's sums of g^2 (the optimizer's, of its shards) in
+// tensor order, then the ranks' in rank order, the same bits on every rank.
+static int rank_order_norm(Trainer *t, double *norm) {
+    Nccl *c = t->nccl;
+    cudaStream_t s = nccl_stream(t);
     int count = bnb8_optimizer_count(t->opt);
     if (bnb8_optimizer_sum_squares(t->opt, t->sums)) return train_fail("gradient norm: %s", bnb8_last_error());
     double mine = 0.0, total = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
@@ -303,22 +407,48 @@ int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
     return 0;
 }
 
-// Device bytes beyond the optimizer's accounting (which holds this rank's shards): G, and the
-// model's weights outside this rank's shards.
+// The step: gradients into G, reduce-scatter (average), this rank's shards stepped in one launch,
+// their weights into G, all-gather, every tensor's weights back into the model; under release
+// backward did all that group by group, and the model's stream waits for the last exchange. *norm:
+// the norm of this step's mean gradient (the next step clips with it).
+int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
+    Nccl *c = t->nccl;
+    cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(t->gpu.model);
+    *norm = NAN;
+    *skipped = 0;
+    if (c->events) {
+        if (cuda_check(cudaEventRecord(c->done[0], c->xs), "cudaEventRecord") ||
+            cuda_check(cudaStreamWaitEvent(s, c->done[0], 0), "cudaStreamWaitEvent"))
+            return -1;
+    } else {
+        if (gradients_in(c, 0, s) || reduce_gradients(c, 0, s)) return -1;
+        if (bnb8_optimizer_step(t->opt, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum), (struct CUstream_st *)s))
+            return train_fail("optimizer step: %s", bnb8_last_error());
+        if (weights_out(c, 0, s)) return -1;
+    }
+    return rank_order_norm(t, norm);
+}
+
+// The exchange buffers' bytes: G, and under release G2 too.
+static double exchange_bytes(const Nccl *c) { return (c->G2 ? 2.0 : 1.0) * (double)c->es * (double)(c->S * c->ranks); }
+
+// Device bytes beyond the optimizer's accounting (which holds this rank's shards): the exchange
+// buffers, and the model's weights outside this rank's shards.
 double nccl_extra_bytes(const Trainer *t) {
     const Nccl *c = t->nccl;
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, 0);
-    return (double)c->es * (double)(c->S * c->ranks) + (double)c->es * (double)t->model.num_parameters - mem.weights;
+    return exchange_bytes(c) + (double)c->es * (double)t->model.num_parameters - mem.weights;
 }
 
 void nccl_print_memory(const Trainer *t) {
     const Nccl *c = t->nccl;
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, 0);
-    double P = (double)t->model.num_parameters, full = (double)c->es * P, G = (double)c->es * (double)(c->S * c->ranks);
-    printf("  per GPU, rank %d of %d (NCCL, ZeRO-1: this rank's shards of %lld of %lld parameters, %d tensor parts):\n",
-           c->rank, c->ranks, (long long)mem.params, (long long)t->model.num_parameters, c->num_shares);
-    printf("    weights %.3f + gradients %.3f + exchange buffer %.3f + master %.3f + optimizer state %.3f = %.3f bytes per parameter\n",
-           full / P, full / P, G / P, mem.correction / P, mem.states / P, (2.0 * full + G + mem.correction + mem.states) / P);
+    double P = (double)t->model.num_parameters, full = (double)c->es * P, G = exchange_bytes(c), grads = (double)t->gpu.grads_bytes;
+    printf("  per GPU, rank %d of %d (NCCL, ZeRO-1: this rank's shards of %lld of %lld parameters, %d tensor parts%s):\n",
+           c->rank, c->ranks, (long long)mem.params, (long long)t->model.num_parameters, c->num_shares,
+           c->G2 ? "; release: two exchange buffers of the largest group" : "");
+    printf("    weights %.3f + gradients %.3f + exchange %.3f + master %.3f + optimizer state %.3f = %.3f bytes per parameter\n",
+           full / P, grads / P, G / P, mem.correction / P, mem.states / P, (full + grads + G + mem.correction + mem.states) / P);
 }
 
 void nccl_free(Trainer *t) {
@@ -326,9 +456,13 @@ void nccl_free(Trainer *t) {
     if (!c) return;
     if (c->comm) ncclCommDestroy(c->comm);
     if (c->G) cudaFree(c->G);
+    if (c->G2) cudaFree(c->G2);
+    for (int b = 0; c->events && b < 2; b++) { cudaEventDestroy(c->ready[b]); cudaEventDestroy(c->done[b]); }
+    if (c->events) cudaStreamDestroy(c->xs);
     if (c->dev_sums) cudaFree(c->dev_sums);
     if (c->dev_loss) cudaFree(c->dev_loss);
     free(c->param); free(c->grad); free(c->n); free(c->at); free(c->shares); free(c->inputs); free(c->targets);
+    free(c->share_of); free(c->group); free(c->group_S);
     free(c);
     t->nccl = NULL;
 }
