@@ -1399,19 +1399,19 @@ int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     return bnb8_write_atomically(path, bnb8_state_writer, opt);
 }
 
-// path opened for reading if it is a regular file; a directory, FIFO or device is refused (opened
-// non-blocking to find out: fopen would wait on a FIFO for a writer). NULL with the message set.
-static FILE *bnb8_open_regular(const char *fn, const char *path) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK);
+FILE *bnb8_open_regular(const char *path, const char *who) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);   // non-blocking: a FIFO would wait for a writer
+    if (fd < 0) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno)); return NULL; }
     struct stat st;
-    if (fd < 0) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path); return NULL; }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        bnb8_fail(BNB8_ERR_IO, "%s: %s is not a regular file (a directory, FIFO or device)", fn, path);
+    int ok = fstat(fd, &st) == 0;
+    if (!ok || !S_ISREG(st.st_mode)) {
+        bnb8_fail(BNB8_ERR_IO, "%s: %s is %s, not a regular file", who, path, !ok ? "unreadable (fstat failed)"
+                  : S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
         close(fd);
         return NULL;
     }
     FILE *f = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
-    if (!f) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s", fn, path); close(fd); }
+    if (!f) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno)); close(fd); }
     return f;
 }
 
@@ -1419,7 +1419,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     const char *fn = "bnb8_optimizer_load";
     if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
     if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
-    FILE *f = bnb8_open_regular(fn, path);
+    FILE *f = bnb8_open_regular(path, fn);
     if (!f) return BNB8_ERR_IO;
     ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));

@@ -253,6 +253,11 @@ int bnb8_fail(int status, const char *fmt, ...);
 // the temporary is removed and path is untouched. writer returns 0, -1 when a write failed, or a
 // status whose message it recorded (bnb8_fail).
 int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx);
+// Opens path for reading if it is a regular file (bnb8_optimizer_load, the trainer's inputs): a
+// directory, FIFO, device or socket is refused, the message naming which (the file is opened
+// non-blocking to find out: fopen would wait on a FIFO for a writer). NULL then, with the message
+// "who: path is a FIFO, not a regular file" or "who: cannot open path: reason" (bnb8_fail, BNB8_ERR_IO).
+FILE *bnb8_open_regular(const char *path, const char *who);
 
 #ifdef __CUDACC__
 #define BNB8_HD static inline __host__ __device__

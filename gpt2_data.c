@@ -2,16 +2,12 @@
 gpt2_data.c — llm.c's token and tokenizer files, the data loader, and the file helpers the
 model files and checkpoints use; see gpt2_data.h.
 */
-#define _POSIX_C_SOURCE 200809L   // fseeko, fsync
+#define _POSIX_C_SOURCE 200809L   // fseeko
 #include "gpt2_data.h"
 #include "bnb8.h"
 #include <stdlib.h>
 #include <stdarg.h>
 #include <string.h>
-#include <errno.h>
-#include <unistd.h>
-#include <fcntl.h>
-#include <sys/stat.h>
 
 char train_error_text[1024];
 
@@ -26,18 +22,10 @@ int train_fail(const char *fmt, ...) {
 int host_is_little_endian(void) { uint16_t one = 1; uint8_t b; memcpy(&b, &one, 1); return b == 1; }
 
 FILE *open_input(const char *path, const char *what) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK);   // non-blocking: a FIFO would wait for a writer
-    if (fd < 0) { train_fail("cannot open %s file %s: %s", what, path, strerror(errno)); return NULL; }
-    struct stat st;
-    int ok = fstat(fd, &st) == 0;
-    if (!ok || !S_ISREG(st.st_mode)) {
-        train_fail("%s file %s is %s, not a regular file", what, path, !ok ? "unreadable (fstat failed)"
-                   : S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
-        close(fd);
-        return NULL;
-    }
-    FILE *f = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
-    if (!f) { train_fail("cannot open %s file %s: %s", what, path, strerror(errno)); close(fd); }
+    char who[64];
+    snprintf(who, sizeof who, "%s file", what);
+    FILE *f = bnb8_open_regular(path, who);
+    if (!f) train_fail("%s", bnb8_last_error());
     return f;
 }
 

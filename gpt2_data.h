@@ -30,9 +30,8 @@ int train_fail(const char *fmt, ...);
 int host_is_little_endian(void);
 // Size of an open file (then rewound).
 int file_size_of(FILE *f, const char *path, int64_t *size);
-// Opens the input file path ("what file path" in messages) for reading: a regular file only. A
-// directory, FIFO or device is refused with a message (a FIFO is opened non-blocking to find out);
-// NULL then, with train_error_text set.
+// Opens the input file path for reading: a regular file only, else NULL with train_error_text set
+// ("what file: path is a FIFO, not a regular file"; bnb8_open_regular, which it wraps).
 FILE *open_input(const char *path, const char *what);
 // The 256-int header of an llm.c file of kind what ("model", ...) and the file's size.
 int read_header(FILE *f, const char *path, const char *what, int32_t h[HEADER_INTS], int64_t *size);
