@@ -195,7 +195,8 @@ static void test_small_findings(void) {
     a.lr = 0.5f; a.weight_decay = 2.0f;
     expect_message(train_run(&a, NULL), "-l 0.5 x -c 2", "-l 0.5 -c 2");
     // a trainer state whose recipe is 99: the message names the recipe
-    TrainerState s = {3, 0, 2, 16, 99, 0, 0, 30, 7, 1, 0, 1, 4, .version = STATE_VERSION};
+    TrainerState s = {.step = 3, .B = 2, .T = 16, .recipe = 99, .steps = 30, .rng = 7, .seed = 1, .accum = 1,
+                      .weight_bytes = 4, .version = STATE_VERSION};
     gpath(path, sizeof path, "state.bin");
     EXPECT(write_atomically(path, state_writer, &s) == 0, "%s", train_error_text);
     TrainerState back;
