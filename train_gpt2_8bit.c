@@ -1150,9 +1150,10 @@ static int check_settings(Trainer *t) {
     if (a->clip_rule < -1 || a->clip_rule > CLIP_EST) return train_fail("unknown clipping rule %d", a->clip_rule);
     if (a->release) {   // each layer is stepped inside backward: this step's global norm comes after
         const char *why = !on_gpu ? "runs on the GPU only (-D gpu)"
-                        : t->rule == CLIP_EXACT && a->grad_clip > 0.0f
-                            ? "steps each layer inside backward, before this step's global gradient norm exists: "
-                              "clip with an estimate of it (-N est), the previous step's (-N prev) or not at all (-g 0)"
+                        : t->rule == CLIP_EXACT   // even at -g 0: its norm pass needs every layer's gradients
+                            ? "steps each layer inside backward, before this step's global gradient norm exists, so "
+                              "not with -N exact: clip with an estimate of it (-N est, the default with -R 1), the "
+                              "previous step's (-N prev) or not at all (-g 0 with either)"
                         : a->accum > 1 ? "steps each layer inside backward, so gradients cannot accumulate over "
                                          "micro-batches: use -A 1" : NULL;
         if (why) return train_fail("gradient release (-R 1) %s", why);

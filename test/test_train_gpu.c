@@ -16,7 +16,7 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            their norms equal the exact rule's within the rounding of gpt2_cuda_grad_norm's float sums;
   recompute  flash with activation recomputation (-C 1) equals flash without, bit for bit;
   accum    B=2 x 2 micro-batches (-A 2) trains as B=4 on the GPU (fp32 parity model + SGD within 1e-4,
-           flash within 1%, bf16 gradient sums); release refuses -A 2;
+           flash within 1%, bf16 gradient sums); release refuses -A 2 and -N exact (even at -g 0);
   resume   stop at step 3, resume to 6: bit-identical to a run that never stopped, for fp32, 8bit,
            8bit-int8, flash, flash + release (-N est, its profile in the checkpoint), and 8bit on the
            fp32 parity model; each checkpoint's bytes
@@ -262,6 +262,11 @@ static void test_accumulation(void) {
     small_args(&a, "flash", "adamw", 2, 2);
     a.release = 1; a.grad_clip = 0.0f; a.accum = 2;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-A 1"), "release with -A 2: '%s'", train_error_text);
+    // -N exact, even unclipped: its norm pass needs every layer's gradients, which release never holds
+    // (it used to start and fail at step 1 in gpt2_cuda_grad_norm, "needs full gradients")
+    a.accum = 1; a.clip_rule = CLIP_EXACT;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "not with -N exact"), "release with -N exact -g 0: '%s'",
+           train_error_text);
 }
 
 // A checkpoint's bytes by the formats (DESIGN.md §8.4), tensor by tensor as the trainer registers them
@@ -403,7 +408,7 @@ int main(void) {
     test_run("trainer: every recipe + release = without, bit for bit", test_release_equal);
     test_run("trainer: -N prev, -N est: release + clip = without release, bit for bit; the norm = the exact one", test_release_clip);
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
-    test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2", test_accumulation);
+    test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2 and -N exact", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);
     test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit (P15)", test_nccl_one_rank);
     test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
