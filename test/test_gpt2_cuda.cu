@@ -739,6 +739,137 @@ out:
 }
 
 // ------------------------------------------------------------------------------------------------
+// The est rule's clipping on the device (gpt2_cuda_clip_group, DESIGN.md §6.4)
+
+// gpt2_cuda.h's scale for the norm sqrt(prefix / share) / accum, in its words.
+static float clip_scale_of(double prefix, double share, float clip, int64_t accum) {
+    double norm = sqrt(prefix / share) / (double)accum;
+    float f = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
+    return f / (float)accum;
+}
+
+// Groups 0..L+1 of 1 to 16 (the limit) device tensors, both dtypes, sizes around a block's stride
+// (128 x 256) and past it, random values of a scale per group, NaN and +-Inf here and there (left
+// out), FLT_MAX and bf16's largest (kept: their squares are finite in double). Each group's sum
+// against a long double sum of the finite squares, within the rounding of double sums of positive
+// terms in any order ((n + 1) 2^-53 relative: each square is exact in double); the scale each call
+// leaves (read before the next call overwrites it) against the formula from the device's own sums
+// in order, bit for bit, at a clip between the groups' norms (some clipped, some not), share < 1,
+// accum 2. Then a bf16 tensor of 2^31 + 1000 elements (int64 indexing; 4.3 GB, skipped if it does
+// not fit): every element v = 191/256 but a 2.0 and a NaN past 2^31, whose sum is exact in double
+// ((n - 2) v^2 + 4: multiples of 2^-16 below 2^31); its time is printed.
+static void test_clip_group(void) {
+    GPT2CudaConfig c = {64, 100, 128, 2, 4, 64, 0, 0};
+    GPT2Cuda *m = NULL;
+    MUST(gpt2_cuda_create(&m, &c, GPT2_CUDA_BF16, 2, 16));
+    const int L = 2, G = L + 2;
+    const int counts[G] = {2, 16, 3, 1}, dtypes[G] = {GPT2_CUDA_BF16, GPT2_CUDA_FP32, GPT2_CUDA_BF16, GPT2_CUDA_FP32};
+    const double shares[G] = {0.25, 0.5, 0.875, 1.0};
+    const int64_t accum = 2;
+    std::vector<int64_t> n[G];
+    std::vector<void *> bufs[G];
+    long double want[G] = {0};
+    int64_t terms[G] = {0};
+    for (int k = 0; k < G; k++) {
+        size_t es = dtypes[k] == GPT2_CUDA_BF16 ? 2 : 4;
+        double scale = pow(4.0, k) * 1e-2;
+        for (int i = 0; i < counts[k]; i++) {
+            int64_t len = k == 0 ? (i == 0 ? 1 : 257) : k == 1 ? (i == 7 ? 70001 : 1 + (int64_t)(next_u64() % 5000))
+                        : k == 2 ? 32768 + i * 33000 : (1 << 20) + 3;
+            std::vector<float> x((size_t)len);
+            for (auto &v : x) v = (float)(randn() * scale);
+            if (len > 10) { x[(size_t)len / 3] = NAN; x[(size_t)len / 2] = INFINITY; x[(size_t)len - 1] = -INFINITY; }
+            if (k == G - 1) x[5] = 0x1.fffffep127f;                     // FLT_MAX: finite, kept
+            if (k == 2 && i == 1) x[6] = bnb8_bf16_to_f32(0x7f7f);       // bf16's largest
+            std::vector<uint16_t> h((size_t)len);
+            for (size_t e = 0; e < x.size(); e++) {
+                if (es == 2) { h[e] = bnb8_f32_to_bf16(x[e]); x[e] = bnb8_bf16_to_f32(h[e]); }
+                if (isfinite(x[e])) { want[k] += (long double)x[e] * x[e]; terms[k]++; }
+            }
+            void *d = NULL;
+            CUDA_CHECK(cudaMalloc(&d, es * (size_t)len));
+            CUDA_CHECK(cudaMemcpy(d, es == 2 ? (void *)h.data() : (void *)x.data(), es * (size_t)len, cudaMemcpyHostToDevice));
+            bufs[k].push_back(d);
+            n[k].push_back(len);
+        }
+    }
+    // the clip: between the second and third of the groups' norms (as the reference sums give them)
+    double norms[G], sorted[G];
+    long double prefix = 0.0L;
+    for (int k = 0; k < G; k++) { prefix += want[k]; norms[k] = sorted[k] = sqrt((double)prefix / shares[k]) / (double)accum; }
+    std::sort(sorted, sorted + G);
+    float clip = (float)sqrt(sorted[1] * sorted[2]);
+    float got[G];
+    for (int k = 0; k < G; k++) {
+        MUST(gpt2_cuda_clip_group(m, bufs[k].data(), n[k].data(), counts[k], dtypes[k], k, shares[k], clip, accum));
+        CUDA_CHECK(cudaMemcpy(&got[k], gpt2_cuda_clip_scale(m), sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    double sums[G];
+    for (int k = 0; k < G; k++) sums[k] = NAN;
+    MUST(gpt2_cuda_clip_sums(m, sums));
+    double dev_prefix = 0.0;
+    int clipped = 0, unclipped = 0;
+    for (int k = 0; k < G; k++) {
+        double bar = (double)(terms[k] + 1) * 0x1p-53 * (double)want[k];
+        EXPECT(fabs(sums[k] - (double)want[k]) <= bar, "group %d: sum %.17g, long double %.17Lg (bar %.3g, %lld finite terms)",
+               k, sums[k], want[k], bar, (long long)terms[k]);
+        dev_prefix += sums[k];
+        float expect = clip_scale_of(dev_prefix, shares[k], clip, accum);
+        EXPECT(memcmp(&got[k], &expect, sizeof expect) == 0, "group %d: scale %.9g, the formula from the device's sums %.9g",
+               k, (double)got[k], (double)expect);
+        clipped += norms[k] > clip; unclipped += norms[k] <= clip;
+        printf("  group %d: %2d %s tensors, %8lld finite terms, sum %.6e (vs long double %.1e rel), norm %.4g, scale %.6g\n",
+               k, counts[k], dtypes[k] == GPT2_CUDA_BF16 ? "bf16" : "fp32", (long long)terms[k], sums[k],
+               want[k] > 0 ? fabs(sums[k] - (double)want[k]) / (double)want[k] : 0.0, norms[k], (double)got[k]);
+    }
+    EXPECT(clipped > 0 && unclipped > 0, "clip %g: %d groups clipped, %d not", (double)clip, clipped, unclipped);
+    for (int k = 0; k < G; k++) for (void *d : bufs[k]) cudaFree(d);
+    // refusals: 17 tensors, a group past L + 1, share 0
+    int64_t one = 1;
+    void *any = NULL;
+    CUDA_CHECK(cudaMalloc(&any, 4));
+    void *many[17];
+    int64_t many_n[17];
+    for (int i = 0; i < 17; i++) { many[i] = any; many_n[i] = 1; }
+    EXPECT(gpt2_cuda_clip_group(m, many, many_n, 17, GPT2_CUDA_FP32, 0, 1.0, 1.0f, 1) == -1, "17 tensors accepted");
+    EXPECT(gpt2_cuda_clip_group(m, &any, &one, 1, GPT2_CUDA_FP32, G, 1.0, 1.0f, 1) == -1, "group L + 2 accepted");
+    EXPECT(gpt2_cuda_clip_group(m, &any, &one, 1, GPT2_CUDA_FP32, 0, 0.0, 1.0f, 1) == -1, "share 0 accepted");
+    cudaFree(any);
+
+    // past 2^31 elements
+    const int64_t big = ((int64_t)1 << 31) + 1000;
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    if (free_bytes < 2 * (size_t)big + ((size_t)1 << 30)) {
+        printf("  2^31 + 1000 bf16 elements: skipped, %.1f GB free\n", free_bytes / 1e9);
+        gpt2_cuda_free(m);
+        return;
+    }
+    uint16_t *x = NULL, two = 0x4000, nan = 0x7fc0;
+    CUDA_CHECK(cudaMalloc(&x, 2 * (size_t)big));
+    CUDA_CHECK(cudaMemset(x, 0x3f, 2 * (size_t)big));   // 0x3f3f: 191/256
+    CUDA_CHECK(cudaMemcpy(x + ((int64_t)1 << 31) + 5, &two, 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(x + big - 1, &nan, 2, cudaMemcpyHostToDevice));
+    double v = 191.0 / 256.0, exact = (double)(big - 2) * (v * v) + 4.0, s = NAN;
+    void *xp = x;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0)); CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, gpt2_cuda_stream(m)));
+    MUST(gpt2_cuda_clip_group(m, &xp, &big, 1, GPT2_CUDA_BF16, 0, 1.0, 0.0f, 1));
+    CUDA_CHECK(cudaEventRecord(e1, gpt2_cuda_stream(m)));
+    MUST(gpt2_cuda_clip_sums(m, sums));
+    s = sums[0];
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    EXPECT(s == exact, "2^31 + 1000 bf16 elements: sum %.17g, exact %.17g", s, exact);
+    printf("  2^31 + 1000 bf16 elements (a 2.0 and a NaN past 2^31): sum %.17g, exact %.17g; %.2f ms, %.0f GB/s\n", s, exact,
+           (double)ms, 2.0 * (double)big / (ms * 1e6));
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    cudaFree(x);
+    gpt2_cuda_free(m);
+}
+
+// ------------------------------------------------------------------------------------------------
 
 static void test_errors(void) {
     // refusals come back as -1 with a message, never a crash
@@ -785,6 +916,7 @@ int main(void) {
     test_announce(1);        // the tests print a lot: a header line before each
     test_show_failures(8);
     test_run("errors: refusals with a message", test_errors);
+    test_run("est clipping: group sums vs long double, scales bit for bit, past 2^31 elements", test_clip_group);
     test_run("fp32 parity, L=2 C=64 NH=4 V=100, StableEmbedding", test_parity_small);
     test_run("fp32 parity, L=2 C=64 NH=4 V=100, plain embedding", test_parity_small_plain);
     if (!quick) test_run("fp32 parity, d4 (L=4 C=256 NH=4 V=50257)", test_parity_d4);
