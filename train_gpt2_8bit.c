@@ -1000,22 +1000,23 @@ static int gpu_clip_group(Trainer *t, int g, void *const *grads, const int64_t *
 // Gradient release: backward calls this as each group's gradients become final (the final
 // LayerNorm, then layer L-1 .. 0, then the embeddings); their tensors are stepped right there, on
 // the model's stream, before backward overwrites the shared slices with the next layer's.
-typedef struct { Trainer *t; float lr, scale; } ReleaseStep;
+// A step that fails there keeps its own message (failed = 1).
+typedef struct { Trainer *t; float lr, scale; int failed; } ReleaseStep;
 static int gpu_grads_ready(void *ctx, int which, struct CUstream_st *stream) {
-    const ReleaseStep *r = (const ReleaseStep *)ctx;
-    if (r->t->nccl) return nccl_release_group(r->t, group_of(r->t, which), r->lr, r->scale, stream) ? 1 : 0;
-    return step_group(r->t, group_of(r->t, which), r->lr, r->scale, stream) ? 1 : 0;
+    ReleaseStep *r = (ReleaseStep *)ctx;
+    int g = group_of(r->t, which);
+    r->failed = r->t->nccl ? nccl_release_group(r->t, g, r->lr, r->scale, stream) != 0 : step_group(r->t, g, r->lr, r->scale, stream) != 0;
+    return r->failed;
 }
 
 // Waits for the loss; with release each layer is stepped inside backward (at lr, clipped with the
 // previous step's norm or this step's estimated: check_settings allows only these rules with release).
 static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int accumulate, float lr, float *loss) {
     Gpu *g = &t->gpu;
-    ReleaseStep r = {t, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum)};
+    ReleaseStep r = {t, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum), 0};
     if (gpt2_cuda_forward(g->model, inputs, targets, (int)t->a.B, (int)t->a.T, 1) ||
         gpt2_cuda_backward(g->model, &g->grads, accumulate, t->a.release ? gpu_grads_ready : NULL, &r))
-        return train_fail("GPU step: %s%s%s", gpt2_cuda_last_error(), t->a.release ? "; optimizer: " : "",
-                          t->a.release ? bnb8_last_error() : "");
+        return r.failed ? -1 : train_fail("GPU step: %s", gpt2_cuda_last_error());
     if (gpt2_cuda_loss(g->model, loss, NULL)) return train_fail("GPU loss: %s", gpt2_cuda_last_error());
     return 0;
 }
