@@ -1552,7 +1552,9 @@ static double peak_resident_bytes(void) {   // of the process (Linux /proc), or 
 
 // One optimizer step over accum micro-batches: their gradients add up (accum times the mean
 // gradient), the loss is their mean.
-static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skipped) {
+// *unchanged: elements left unchanged for a non-finite gradient or update (the prev and est rules
+// step the rest; exact skips the whole step instead, *skipped).
+static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skipped, int64_t *unchanged) {
     *loss = 0.0f;
     if (t->rule == CLIP_EST) est_shares(t->profile, &t->model.config, t->shares);
     for (int64_t micro = 0; micro < t->a.accum; micro++) {
@@ -1564,10 +1566,9 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
     }
     if (t->nccl && nccl_mean_loss(t, loss)) return -1;
     if (t->dev->step(t, lr, norm, skipped)) return -1;
-    if (*skipped) return 0;
-    int64_t bad = bnb8_optimizer_take_nonfinite(t->opt);
-    if (bad && t->a.verbose)
-        printf("step %lld: %lld elements with a non-finite gradient or update left unchanged\n", (long long)t->step, (long long)bad);
+    *unchanged = *skipped ? 0 : bnb8_optimizer_take_nonfinite(t->opt);
+    if (*unchanged && t->a.verbose)
+        printf("step %lld: %lld elements with a non-finite gradient or update left unchanged\n", (long long)t->step, (long long)*unchanged);
     return 0;
 }
 
@@ -1637,9 +1638,10 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         double t0 = now_seconds(), norm = NAN;
         float step_lr = lr_schedule(a, t->lr, s), loss = 0.0f;
         int skipped = 0;
+        int64_t unchanged = 0;
         t->step = s;
         double prev = t->prev_norm;
-        if (train_step(t, step_lr, &loss, &norm, &skipped)) return -1;
+        if (train_step(t, step_lr, &loss, &norm, &skipped, &unchanged)) return -1;
         double with = t->rule == CLIP_PREV ? prev : norm;   // the norm this step clipped with (est: the embeddings')
         int clipped = !skipped && a->grad_clip > 0.0f && with > a->grad_clip;
         res->clipped_steps += clipped;
@@ -1665,10 +1667,10 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
                    (double)(a->B * a->T * a->accum) / dt);
             fflush(stdout);
         }
-        bad_steps = isfinite(loss) && !skipped ? 0 : bad_steps + 1;
+        bad_steps = isfinite(loss) && !skipped && !unchanged ? 0 : bad_steps + 1;
         if (bad_steps >= TRAIN_MAX_BAD_STEPS)
-            return train_fail("steps %lld..%lld: the training loss was not finite or the update was skipped %d steps in a "
-                              "row (TRAIN_MAX_BAD_STEPS): the run has diverged, or its model or data give NaN; stopped%s%s%s",
+            return train_fail("steps %lld..%lld: the training loss was not finite, or the gradients or update held NaN or Inf, %d "
+                              "steps in a row (TRAIN_MAX_BAD_STEPS): the run has diverged, or its model or data give NaN; stopped%s%s%s",
                               (long long)(s - bad_steps + 1), (long long)s, TRAIN_MAX_BAD_STEPS,
                               a->out_dir[0] ? "; the newest complete checkpoint in " : "", a->out_dir,
                               a->out_dir[0] ? " is the last good one" : "");

@@ -54,8 +54,8 @@ extern const int num_scale_dtypes;
 int find_scale_dtype(const char *name);
 
 #define DEFAULT_DATA_DIR "dev/data/fortunes/"
-// A run whose training loss is not finite, or whose update is skipped (a non-finite gradient
-// norm), this many steps in a row has diverged (or its model or data give NaN): it stops with an
+// A run whose training loss is not finite, whose update is skipped (a non-finite gradient norm),
+// or whose gradients or update hold NaN or Inf (elements left unchanged), this many steps in a row has diverged (or its model or data give NaN): it stops with an
 // error, exit status 1 (README, "What the trainer guarantees").
 #define TRAIN_MAX_BAD_STEPS 10
 

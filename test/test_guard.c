@@ -147,6 +147,15 @@ static void test_divergence_stops(void) {
     EXPECT(count_done(out) == 12 && r.skipped_steps == 10, "%d checkpoints, %lld skipped: expected 12, 10", count_done(out),
            (long long)r.skipped_steps);
     test_remove_tree(out, 1);
+    // the prev rule steps the finite elements and leaves the NaN ones unchanged (no step skipped):
+    // ten such steps in a row stop the run too
+    small_args(&a, 30);
+    a.clip_rule = CLIP_PREV;
+    train_after_backward = poison_grads;
+    expect_message(train_run(&a, &r), "in a row", "NaN gradients from step 4 under -N prev");
+    train_after_backward = NULL;
+    EXPECT(strstr(train_error_text, "steps 4..13") && r.skipped_steps == 0, "stopped at the wrong step or skipped %lld: '%s'",
+           (long long)r.skipped_steps, train_error_text);
     small_args(&a, 30);
     a.out_dir = out; a.ckpt_every = 1; a.optimizer = "sgd"; a.grad_clip = 0.0f;
     poison_value = 1e36f;
