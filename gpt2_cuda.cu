@@ -1366,25 +1366,41 @@ extern "C" int gpt2_cuda_device(char *name, size_t name_size, size_t *free_bytes
     return 0;
 }
 
+// The sum of squares of count buffers, each in NORM_BLOCKS float partials (grid-stride, the block's
+// tree), added in double in buffer and block order: the same bits for the same buffers, run to run.
+extern "C" int gpt2_cuda_sum_squares(GPT2Cuda *m, const void *const *bufs, const int64_t *n, int count, int dtype, double *sum) {
+    if (!m || !sum || (count > 0 && (!bufs || !n))) return fail("gpt2_cuda_sum_squares: NULL argument");
+    if (count < 0 || (dtype != GPT2_CUDA_BF16 && dtype != GPT2_CUDA_FP32)) return fail("gpt2_cuda_sum_squares: %d buffers of dtype %d", count, dtype);
+    float *partial = (float *)m->act[A_PARTIAL];
+    static float host[GPT2_NUM_PARAMS * NORM_BLOCKS];
+    double s = 0.0;
+    for (int first = 0; first < count; first += GPT2_NUM_PARAMS) {   // as many buffers as the partials hold at once
+        int k = count - first < GPT2_NUM_PARAMS ? count - first : GPT2_NUM_PARAMS;
+        for (int i = 0; i < k; i++) {
+            if (!n[first + i]) continue;
+            if (dtype == GPT2_CUDA_BF16)
+                sumsq_kernel<bf16><<<NORM_BLOCKS, 256, 0, m->stream>>>(partial + i * NORM_BLOCKS, (const bf16 *)bufs[first + i], n[first + i]);
+            else
+                sumsq_kernel<float><<<NORM_BLOCKS, 256, 0, m->stream>>>(partial + i * NORM_BLOCKS, (const float *)bufs[first + i], n[first + i]);
+            LAUNCHED();
+        }
+        CU(cudaMemcpyAsync(host, partial, sizeof(float) * NORM_BLOCKS * (size_t)k, cudaMemcpyDeviceToHost, m->stream));
+        CU(cudaStreamSynchronize(m->stream));
+        for (int i = 0; i < k; i++)
+            if (n[first + i])
+                for (int b = 0; b < NORM_BLOCKS; b++) s += host[i * NORM_BLOCKS + b];
+    }
+    *sum = s;
+    return 0;
+}
+
 extern "C" int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *norm) {
     if (!m || !g || !norm) return fail("gpt2_cuda_grad_norm: NULL argument");
     if (g->reuse_layer_slice) return fail("gpt2_cuda_grad_norm: needs full gradients, not per-layer slices (gradient release)");
-    float *partial = (float *)m->act[A_PARTIAL];
-    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
-        if (!m->param_sizes[i]) continue;
-        if (g->dtype == GPT2_CUDA_BF16)
-            sumsq_kernel<bf16><<<NORM_BLOCKS, 256, 0, m->stream>>>(partial + i * NORM_BLOCKS, (const bf16 *)g->tensor[i], m->param_sizes[i]);
-        else
-            sumsq_kernel<float><<<NORM_BLOCKS, 256, 0, m->stream>>>(partial + i * NORM_BLOCKS, (const float *)g->tensor[i], m->param_sizes[i]);
-        LAUNCHED();
-    }
-    static float host[GPT2_NUM_PARAMS * NORM_BLOCKS];
-    CU(cudaMemcpyAsync(host, partial, sizeof host, cudaMemcpyDeviceToHost, m->stream));
-    CU(cudaStreamSynchronize(m->stream));
+    const void *bufs[GPT2_NUM_PARAMS];
     double s = 0.0;
-    for (int i = 0; i < GPT2_NUM_PARAMS; i++)
-        if (m->param_sizes[i])
-            for (int b = 0; b < NORM_BLOCKS; b++) s += host[i * NORM_BLOCKS + b];
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) bufs[i] = g->tensor[i];
+    if (gpt2_cuda_sum_squares(m, bufs, m->param_sizes, GPT2_NUM_PARAMS, g->dtype, &s)) return -1;
     *norm = sqrt(s);
     return 0;
 }

@@ -122,6 +122,10 @@ int gpt2_cuda_backward(GPT2Cuda *m, const GPT2CudaGrads *g, int accumulate, gpt2
                        void *ctx);
 // The global L2 norm of a full gradient buffer (sums in a fixed order: deterministic). Waits.
 int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *norm);
+// The sum of squares of count device buffers bufs[i] of n[i] elements of dtype, NaN and Inf included
+// (they make it not finite), with gpt2_cuda_grad_norm's arithmetic (which is this over the parameter
+// tensors): the same buffers give the same bits. Waits. (The trainer over NCCL: -N exact on its part.)
+int gpt2_cuda_sum_squares(GPT2Cuda *m, const void *const *bufs, const int64_t *n, int count, int dtype, double *sum);
 // Clipping group by group (the trainer's est rule, DESIGN.md §6.4), in stream order, no wait: the sum
 // of squares of the finite elements of count (1..16) device buffers bufs[i] of n[i] elements of dtype
 // (one fixed order) goes to the model's sums[k] (k in 0..L+1), then gpt2_cuda_clip_scale's float

@@ -111,9 +111,10 @@ static const char *master_name(const Layout *l) {
 // as soon as backward has its gradients; so is it under the prev and est clipping rules (prev sums
 // the optimizer's per-tensor sums, est steps layer by layer): the same tensors make the same bits
 // with release and without.
-int64_t tensor_slices(const Trainer *t, int i) {
-    return (t->a.release || t->rule != CLIP_EXACT) && gpt2_param_is_layer(i) ? t->model.config.num_layers : 1;
+static int64_t slices_of(const Trainer *t, int L, int i) {   // in a model of L layers
+    return (t->a.release || t->rule != CLIP_EXACT) && gpt2_param_is_layer(i) ? L : 1;
 }
+int64_t tensor_slices(const Trainer *t, int i) { return slices_of(t, t->model.config.num_layers, i); }
 // Slice l (of n elements) of tensor i's gradients, where the optimizer reads them; under release the
 // one slice every layer's gradients pass through.
 void *slice_grad(const Trainer *t, int i, int64_t l, int64_t n) {
@@ -212,8 +213,9 @@ static int optimizer_open(Trainer *t) {
                                 !(t->shares = (double *)calloc(groups, sizeof(double)))))
         return train_fail("out of memory");
     if (t->start > 0) {
-        char path[TRAIN_PATH_MAX], where[160];
-        checkpoint_path(path, sizeof path, t->a.out_dir, "optim", t->start, ".bin");
+        char path[TRAIN_PATH_MAX], where[160] = "";
+        int rank = 0, ranks = nccl_ranks(t, &rank);
+        checkpoint_optim_path(path, sizeof path, t->a.out_dir, t->start, rank, ranks);
         t->damaged = 1;   // until the file has passed every check: a failure here is the checkpoint's
         if (bnb8_optimizer_load(t->opt, path)) return train_fail("%s", bnb8_last_error());
         float *masters = t->grads;   // the CPU's gradient buffer, free now; the GPU's host weights
@@ -224,8 +226,9 @@ static int optimizer_open(Trainer *t) {
                                   "files of different checkpoints; resume from an earlier checkpoint", path, i,
                                   (long long)bnb8_optimizer_steps(t->opt, i), (long long)t->resumed.step,
                                   (long long)t->resumed.opt_steps);
-        if (t->resumed.version >= 2 && export_masters(t, masters)) return -1;
-        if (t->resumed.version >= 2 && gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
+        if (t->resumed.version >= 2 && (t->nccl ? nccl_masters(t, where, sizeof where) : export_masters(t, masters))) return -1;
+        if (t->resumed.version >= 2 && !t->nccl) gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where);
+        if (where[0])   // over NCCL: this rank's shards
             return train_fail("%s: the weights are not finite after loading it (%s): a damaged or incomplete file; "
                               "resume from an earlier checkpoint", path, where);
         t->damaged = 0;
@@ -388,7 +391,8 @@ void usage(FILE *f) {
         "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
         "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
         "              with its master, and the states) + the trainer state; fp32 12, 8bit 6.03, 8bit-int8 5.03,\n"
-        "              flash 5.125 bytes per parameter (README) (default none)\n"
+        "              flash 5.125 bytes per parameter (README); over NCCL an optimizer file per rank, resumed by as\n"
+        "              many ranks (default none)\n"
         "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash (README's table)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
@@ -438,6 +442,9 @@ void usage(FILE *f) {
         "On the GPU, flags left out take the GPU's defaults: -e d12 -r flash -R 1 -N est (release by default for\n"
         "flash, unless -N exact) -b 16 -t 1024 -n 200 -v 25, and -l the optimizer's default / 5 (adamw 6e-4).\n"
         "A training loss that is not finite, or a skipped update, %d steps in a row stops the run (exit 1).\n"
+        "Several GPUs (a build with NCCL): one process per GPU, `mpirun -np N train_gpt2_8bit_cuda ...` or\n"
+        "BNB8_RANKS=N BNB8_RANK=r (BNB8_LOCAL_RANK, BNB8_NCCL_ID) for r = 0..N-1; the global batch is N x B x T x A;\n"
+        "-N exact (default without -R 1) or prev (with -R 1), -o / -y per rank; not yet: -N est, -P fp32, -X (README).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
@@ -577,6 +584,7 @@ int state_writer(FILE *f, const void *state) {
     w[24] = s->scale_dtype;
     w[25] = s->train_tokens;
     w[26] = s->train_digest;
+    w[27] = s->ranks;
     memcpy(&w[28], s->est_profile, sizeof s->est_profile);
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
@@ -610,7 +618,7 @@ int state_load(TrainerState *s, const char *path) {
     s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
     s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
     memcpy(&s->prev_norm, &w[23], sizeof(double));
-    s->train_tokens = w[25]; s->train_digest = w[26];
+    s->train_tokens = w[25]; s->train_digest = w[26]; s->ranks = w[27];
     int flash = s->recipe >= 0 && s->recipe < num_recipes && recipes[s->recipe].states == BNB8_STATE_FLASH;
     s->scale_dtype = s->version == 1 ? flash : w[24];   // version 1 (before e6m10): bf16 scales
     memcpy(s->est_profile, &w[28], sizeof s->est_profile);
@@ -620,7 +628,7 @@ int state_load(TrainerState *s, const char *path) {
         {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
         {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
         {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_EST},
-        {"training token count", s->train_tokens, 0, INT64_MAX},
+        {"training token count", s->train_tokens, 0, INT64_MAX}, {"ranks", s->ranks, 0, 1 << 20},
         {"scale dtype", s->scale_dtype, 0, flash ? num_scale_dtypes - 1 : 0},
         {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
     size_t last = sizeof f_ / sizeof f_[0] - 1;
@@ -648,6 +656,21 @@ static int empty_writer(FILE *f, const void *ctx) { (void)f; (void)ctx; return 0
 
 void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext) {
     snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, ext);
+}
+
+void checkpoint_optim_path(char *buf, size_t size, const char *dir, int64_t step, int rank, int ranks) {
+    char ext[64] = ".bin";
+    if (ranks > 0) snprintf(ext, sizeof ext, ".rank%dof%d.bin", rank, ranks);
+    checkpoint_path(buf, size, dir, "optim", step, ext);
+}
+
+int checkpoint_missing_rank(const char *dir, int64_t step, int ranks) {
+    char path[TRAIN_PATH_MAX];
+    for (int r = 0; r < ranks; r++) {
+        checkpoint_optim_path(path, sizeof path, dir, step, r, ranks);
+        if (access(path, F_OK) != 0) return r;
+    }
+    return -1;
 }
 
 static int64_t path_size(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
@@ -708,7 +731,8 @@ int64_t checkpoint_latest(const char *dir) { return checkpoint_before(dir, INT64
 
 // The -o directory, before anything trains (DESIGN.md §8.4): made if missing, its path short enough
 // for every checkpoint file, writable (a probe file made and removed), and this run's alone: an
-// exclusive lock on its LOCK file, held until the run ends (trainer_free).
+// exclusive lock on its LOCK file, held until the run ends (trainer_free). Over NCCL rank 0 holds the
+// lock for every rank (the others may make the directory at the same moment).
 static int open_dir(Trainer *t, const char *dir) {
     struct stat st;
     size_t len = strlen(dir);
@@ -716,13 +740,15 @@ static int open_dir(Trainer *t, const char *dir) {
         return train_fail("the output directory's path is %zu bytes, at most %d are supported: use a shorter -o", len,
                           TRAIN_PATH_MAX - 64);
     if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) return train_fail("output path %s is not a directory", dir);
-    if (stat(dir, &st) != 0 && mkdir(dir, 0755) != 0) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0 && mkdir(dir, 0755) != 0 && errno != EEXIST) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
     char path[TRAIN_PATH_MAX];
     snprintf(path, sizeof path, "%s/.probe_%ld", dir, (long)getpid());
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || close(fd) != 0 || remove(path) != 0)
         return train_fail("cannot write into the output directory %s (%s): found before training, so that the run "
                           "does not end without its checkpoints", dir, strerror(errno));
+    int rank = 0;
+    if (nccl_ranks(t, &rank) && rank > 0) return 0;
     snprintf(path, sizeof path, "%s/LOCK", dir);
     t->lock_fd = open(path, O_RDWR | O_CREAT, 0644);
     if (t->lock_fd < 0) return train_fail("cannot create %s: %s", path, strerror(errno));
@@ -1166,6 +1192,40 @@ static int check_settings(Trainer *t) {
 
 // 2. The model: from the newest complete checkpoint when resuming, else from -e.
 
+// A checkpoint is resumed by as many ranks as wrote it (ranks 0: a single process): each optimizer
+// file holds one rank's shards (the library refuses another sharding, file by file).
+static int ranks_refused(const char *path, const TrainerState *st, int ranks) {
+    char was[96], now[64], how[160];
+    if (st->ranks) snprintf(was, sizeof was, "%lld ranks over NCCL (one optimizer file per rank)", (long long)st->ranks);
+    else snprintf(was, sizeof was, "a single process (one optimizer file)");
+    if (ranks) snprintf(now, sizeof now, "%d ranks", ranks);
+    else snprintf(now, sizeof now, "a single process");
+    if (st->ranks) snprintf(how, sizeof how, "with %lld ranks (mpirun -np %lld, or BNB8_RANKS=%lld and BNB8_RANK=0..%lld)",
+                            (long long)st->ranks, (long long)st->ranks, (long long)st->ranks, (long long)st->ranks - 1);
+    else snprintf(how, sizeof how, "as a single process (no OMPI_COMM_WORLD_SIZE or BNB8_RANKS)");
+    return train_fail("%s: the checkpoint of step %lld was written by %s, this run is %s: resume it %s, or train "
+                      "afresh in another -o (a checkpoint is not re-sharded)", path, (long long)st->step, was, now, how);
+}
+
+// The weights a rank holds of a model of shape c (ranks 0: every weight), the optimizer file's least
+// content, before anything of that shape is allocated; -1 out of memory. Under release over NCCL each
+// backward group has its own layout (train_nccl.c): 0, no bound (the library's loader checks the file).
+static int64_t rank_weights(const Trainer *t, const GPT2Config *c, int rank, int ranks) {
+    int64_t sizes[GPT2_NUM_PARAMS], total = 0, count = 0, held = 0, off, part;
+    gpt2_param_sizes(c, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) { total += sizes[i]; count += sizes[i] ? slices_of(t, c->num_layers, i) : 0; }
+    if (ranks == 0) return total;
+    if (t->a.release) return 0;
+    int64_t *n = (int64_t *)malloc(sizeof(int64_t) * (size_t)(2 * count)), *at = n + count, j = 0;
+    if (!n) return train_fail("out of memory");
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++)
+        for (int64_t l = 0; sizes[i] && l < slices_of(t, c->num_layers, i); l++) n[j++] = sizes[i] / slices_of(t, c->num_layers, i);
+    int64_t S = nccl_layout(n, (int)count, ranks, at);
+    for (j = 0; j < count; j++) held += nccl_part(at[j], n[j], S, rank, &off, &part) ? part : 0;
+    free(n);
+    return held;
+}
+
 static int resume_state(Trainer *t) {
     const TrainArgs *a = &t->a;
     TrainerState *st = &t->resumed;
@@ -1176,6 +1236,14 @@ static int resume_state(Trainer *t) {
     if (st->step != t->start)
         return train_fail("%s: the trainer state of step %lld: files of different checkpoints", path, (long long)st->step);
     t->damaged = 0;
+    int rank = 0, ranks = nccl_ranks(t, &rank);
+    if (st->ranks != ranks) return ranks_refused(path, st, ranks);
+    int missing = checkpoint_missing_rank(a->out_dir, t->start, ranks);
+    if (missing >= 0) {
+        checkpoint_optim_path(t->model_path, sizeof t->model_path, a->out_dir, t->start, missing, ranks);
+        t->damaged = 1;
+        return train_fail("%s: rank %d's optimizer file of this checkpoint is missing: an incomplete checkpoint", t->model_path, missing);
+    }
     int ri = (int)(t->recipe - recipes), oi = (int)(t->oc - optimizers);
     if (st->clip_rule != t->rule)
         return train_fail("%s: the checkpoint was made with clipping rule %s, this run asks for %s (-N)", path,
@@ -1211,11 +1279,13 @@ static int resume_state(Trainer *t) {
     }
     // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
     // restore cannot pass for a weight (checked after the load, optimizer_open).
-    checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "optim", t->start, ".bin");
-    int64_t least = gpt2_num_parameters(&st->config) * wb, size = path_size(t->model_path);
+    checkpoint_optim_path(t->model_path, sizeof t->model_path, a->out_dir, t->start, rank, ranks);
+    int64_t held = rank_weights(t, &st->config, rank, ranks), least = held * wb, size = path_size(t->model_path);
+    if (held < 0) return -1;
     if (size < least)   // checked before allocating: a bad shape cannot ask for terabytes
-        return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes: a damaged or "
-                          "mismatched checkpoint", t->model_path, (long long)size, (long long)gpt2_num_parameters(&st->config), path);
+        return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes%s: a damaged or "
+                          "mismatched checkpoint", t->model_path, (long long)size, (long long)held, path,
+                          ranks ? " (this rank's shards)" : "");
     t->damaged = 0;
     if (gpt2_create(&t->model, &st->config)) return -1;
     for (int64_t i = 0; i < t->model.num_parameters; i++) t->model.params_memory[i] = NAN;
@@ -1268,8 +1338,10 @@ static int check_batch(const TrainArgs *a, const GPT2Config *c) {
 
 static int open_model(Trainer *t) {
     const TrainArgs *a = &t->a;
+    int rank = 0;
+    nccl_ranks(t, &rank);
     if (a->out_dir[0] && open_dir(t, a->out_dir)) return -1;
-    if (a->out_dir[0]) remove_stale_temporaries(a->out_dir, a->verbose);
+    if (a->out_dir[0] && rank == 0) remove_stale_temporaries(a->out_dir, a->verbose);   // it holds the lock
     if (a->resume) {
         t->start = checkpoint_before(a->out_dir, t->resume_limit);
         if (t->start == 0 && a->verbose) printf("note: no complete checkpoint in %s: starting from step 0\n", a->out_dir);
@@ -1364,12 +1436,15 @@ static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
 
 // A resume whose newest complete checkpoint is damaged (a file that does not load, weights that are
 // not finite, files of different steps) falls back to the one before, saying so; when none is left,
-// the newest one's error.
+// the newest one's error. Over NCCL every rank falls back when one rank's files are damaged
+// (nccl_agree), and a resumed rank takes the others' shards of the weights.
 int trainer_open(Trainer *t, const TrainArgs *a) {
     char newest[sizeof train_error_text] = "";
     int64_t limit = INT64_MAX;
     for (;;) {
-        if (trainer_open_before(t, a, limit) == 0) return 0;
+        int status = trainer_open_before(t, a, limit);
+        if (t->nccl) status = nccl_agree(t, status);
+        if (status == 0) return t->nccl && t->start > 0 ? nccl_gather_weights(t) : 0;
         if (!t->damaged) return -1;
         if (!newest[0]) snprintf(newest, sizeof newest, "%s", train_error_text);
         limit = t->start;
@@ -1533,6 +1608,7 @@ static void print_banner(Trainer *t) {
         printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
                (long long)t->start + 1, (long long)t->end, (long long)a->steps, t->start > 0 ? " (resumed)" : "");
     else printf("train    no steps: the checkpoint of step %lld as it is, for -X\n", (long long)t->start);
+    if (!t->nccl && t->gpu.model) nccl_hint();   // several GPUs here, this run on one
     print_memory(t);
     fflush(stdout);
 }
@@ -1580,6 +1656,7 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
 static int checkpoint_worthy(Trainer *t, int64_t s, float loss, int *kept) {
     float after = loss;
     if (isfinite(loss) && t->dev->eval(t, t->loader.inputs, t->loader.targets, &after)) return -1;
+    if (isfinite(loss) && t->nccl && nccl_mean_loss(t, &after)) return -1;   // every rank decides alike
     *kept = isfinite(after);
     if (!*kept && t->a.verbose)
         printf("step %lld: the weights give a non-finite loss (%g %s the step): no checkpoint written; the newest in %s "
@@ -1595,12 +1672,19 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
                          bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm, t->recipe->states == BNB8_STATE_FLASH ? t->scale : 0,
                          t->train_file.count, t->train_digest,
-                         {t->profile[0], t->profile[1], t->profile[2]}};
+                         {t->profile[0], t->profile[1], t->profile[2]}, nccl_ranks(t, NULL)};
     float *masters;
-    if (t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes)) return -1;
+    int64_t own = 0;
+    if (t->nccl ? nccl_checkpoint_save(t, &save, bytes, &own)
+                : t->dev->masters(t, &masters) || checkpoint_save(a->out_dir, masters, t->opt, &save, bytes))
+        return -1;
     if (a->verbose)
         printf("step %5lld | checkpoint in %s: %lld bytes, %.3f bytes per parameter\n", (long long)s, a->out_dir,
                (long long)*bytes, (double)*bytes / (double)t->model.num_parameters);
+    if (a->verbose && t->nccl)   // rank 0's file: its shards
+        printf("             %lld ranks, an optimizer file each: rank 0's %lld bytes, %.3f bytes per parameter of its %lld\n",
+               (long long)save.ranks, (long long)own, (double)own / (double)bnb8_optimizer_memory(t->opt, 0).params,
+               (long long)bnb8_optimizer_memory(t->opt, 0).params);
     return 0;
 }
 

@@ -131,6 +131,9 @@ int gpu_available(void);
 // shape) and DONE_s, written last; each written atomically. Each piece of state is in one file once.
 // Resume takes the newest step that has its DONE. Checkpoints of trainer state version 1 also hold
 // model_s.bin (the fp32 masters) and a version 1 optimizer file; they still resume. DESIGN.md §8.4.
+// Over NCCL (N ranks, DESIGN.md §8.8) each rank writes its shards' optimizer file
+// optim_s.rank<r>of<N>.bin (no optim_s.bin); rank 0 writes state_s.bin (word 27: N) and DONE_s once
+// every rank has reported its file written. Resume needs the same N (another is refused, saying so).
 // The trainer state file: STATE_WORDS little-endian int64 (version 1: 16), magic and version first.
 #define STATE_MAGIC 20251122
 #define STATE_VERSION 2           // version 1: 16 words, the weights in the model file, read as the exact rule
@@ -171,6 +174,8 @@ typedef struct {
     int64_t train_tokens;     // the training tokens' count and digest (tokens_digest; words 25, 26):
     int64_t train_digest;     // a resume on other data is refused (0: not recorded, older files)
     double est_profile[3];    // CLIP_EST: the profile after this step (words 28..30, the doubles' bits; NAN: none)
+    int64_t ranks;            // word 27: 0 a single process (optim_s.bin); N the ranks over NCCL, whose
+                              // optimizer files optim_s.rank<r>of<N>.bin hold their shards
 } TrainerState;
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
@@ -181,6 +186,11 @@ void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, 
 // written, when one of the fp32 masters (layout of s->config) is not finite. *bytes (may be NULL):
 // the checkpoint's size, its files' bytes.
 int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes);
+// The optimizer file of step: optim_s.bin (ranks 0, a single process), or rank's of ranks over NCCL,
+// optim_s.rank<r>of<N>.bin.
+void checkpoint_optim_path(char *buf, size_t size, const char *dir, int64_t step, int rank, int ranks);
+// The first rank (0..ranks-1) whose optimizer file of step is not in dir, or -1 when each is there.
+int checkpoint_missing_rank(const char *dir, int64_t step, int ranks);
 int64_t checkpoint_latest(const char *dir);   // the newest step with a DONE marker, or 0
 int64_t checkpoint_before(const char *dir, int64_t limit);   // the newest below limit, or 0
 int64_t checkpoint_done_step(const char *name);   // the step of a DONE marker's name, or 0
@@ -306,6 +316,21 @@ int nccl_mean_loss(Trainer *t, float *loss);
 double nccl_extra_bytes(const Trainer *t);
 void nccl_print_memory(const Trainer *t);
 void nccl_free(Trainer *t);
+// Checkpoints over NCCL. nccl_ranks: the ranks (0 without NCCL) and *rank (may be NULL) this one.
+// nccl_agree: trainer_open's outcome (status) on every rank made one: 0 when every rank opened the
+// same checkpoint (or none); -1 otherwise, with t->damaged set when each failure was the checkpoint's
+// (every rank then falls back below t->start). nccl_gather_weights: the shards' weights all-gathered
+// into every rank's model (after a resume, each rank loaded only its own). nccl_masters: this rank's
+// shards' fp32 masters into the host weights at their places; *where the first that is not finite
+// ("" when none). nccl_checkpoint_save: the checkpoint of s->step (rank files, state, DONE last);
+// *bytes every rank's files, *own this rank's optimizer file. nccl_hint: on a machine of several
+// GPUs and no rank variables, how to train on all of them (the banner).
+int nccl_ranks(const Trainer *t, int *rank);
+int nccl_agree(Trainer *t, int status);
+int nccl_gather_weights(Trainer *t);
+int nccl_masters(Trainer *t, char *where, size_t size);
+int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own);
+void nccl_hint(void);
 
 // Tests only (NULL in the trainer): called on the CPU after each step's backward, before the
 // optimizer step, with the fp32 gradients (the model's layout), to inject faults.

@@ -13,8 +13,11 @@ rank r holds [r S, (r + 1) S) of it; the rank's optimizer holds exactly its shar
 (cfg.shard_offset / shard_total: boundaries at multiples of 4096 of each tensor, so every state
 format's blocks stay whole) and steps them all in one launch; the updated weights of its shards go
 into its part of G, G is all-gathered, and every tensor is copied back into the model's weights.
-The clip norm is the previous step's (-N prev): the optimizer sums g^2 of its shards as it reads
-them; ranks all-gather their sums and add them in rank order.
+The clip norm is this step's (-N exact, the default without release): after the reduce-scatter each
+rank sums the squares of its part of G (gpt2_cuda_sum_squares), the ranks all-gather their sums and add
+them in rank order, so that every rank steps (or skips a non-finite step) alike; or the previous
+step's (-N prev, the default under release): the optimizer sums g^2 of its shards as it reads them,
+added across ranks the same way.
 
 Gradient release (-R 1): G is laid out group by group (backward's groups: the final LayerNorm, each
 layer, the embeddings; each group's tensors at multiples of 4096, its own elements per rank), in two
@@ -27,8 +30,14 @@ NCCL call of a release run is on the exchange stream, so the ranks issue them in
 stream waits for the last exchange before the next forward. Per GPU: the bf16 weights, the release
 slices, the two buffers, and 1/N of the master and states.
 
+Checkpoints (-o): each rank writes its optimizer file (its shards: optim_s.rank<r>of<N>.bin), rank 0
+the trainer state and, once every rank has reported its file written, DONE_s. Rank 0 alone holds the
+directory's lock. On resume every rank opens the newest complete checkpoint; if one rank's files are
+damaged or missing, every rank falls back to the one before (nccl_agree); then the ranks all-gather
+the weights (each restored only its shards). Another number of ranks is refused with a message.
+
 Built with -DTRAIN_NCCL when the Makefile finds nccl.h and libnccl; without it, asking for ranks is
-refused with a message. Not yet: checkpoints (-o), -X with several ranks, -N est.
+refused with a message. Not yet: -X with several ranks, -N est, -N exact with release, -P fp32.
 */
 #define _POSIX_C_SOURCE 200809L
 #include "train_gpt2_8bit.h"
@@ -87,6 +96,14 @@ int nccl_mean_loss(Trainer *t, float *loss) { (void)t; (void)loss; return 0; }
 double nccl_extra_bytes(const Trainer *t) { (void)t; return 0.0; }
 void nccl_print_memory(const Trainer *t) { (void)t; }
 void nccl_free(Trainer *t) { (void)t; }
+int nccl_ranks(const Trainer *t, int *rank) { (void)t; if (rank) *rank = 0; return 0; }
+int nccl_agree(Trainer *t, int status) { (void)t; return status; }
+int nccl_gather_weights(Trainer *t) { (void)t; return train_fail("built without NCCL"); }
+int nccl_masters(Trainer *t, char *where, size_t size) { (void)t; (void)where; (void)size; return train_fail("built without NCCL"); }
+int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own) {
+    (void)t; (void)s; (void)bytes; (void)own; return train_fail("built without NCCL");
+}
+void nccl_hint(void) {}
 #else
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -112,10 +129,11 @@ struct Nccl {
     cudaStream_t xs;           // release: the exchange stream
     cudaEvent_t ready[2], done[2];   // release: a buffer's gradients copied in; its exchange finished
     int events;                // release: the events and the stream exist
-    double *dev_sums;          // (ranks + 1) device: this rank's sum, then everyone's
     float *dev_loss;           // (1) device
     int *inputs, *targets;     // (B T) this rank's batch
+    double *dev_gather;        // (NCCL_GATHER (ranks + 1)) device: nccl_gather's, made at its first call
 };
+#define NCCL_GATHER 4           // doubles per rank at most in one nccl_gather
 
 static int nccl_check(ncclResult_t r, const char *what) {
     return r == ncclSuccess ? 0 : train_fail("NCCL %s: %s", what, ncclGetErrorString(r));
@@ -182,16 +200,15 @@ int nccl_setup(Trainer *t) {
     int ranks = atoi(size), r = rank ? atoi(rank) : -1, devices = 0;
     if (ranks < 1 || r < 0 || r >= ranks) return train_fail("NCCL: rank %s of %s (BNB8_RANK, BNB8_RANKS): need 0 <= rank < ranks", rank ? rank : "unset", size);
     if (a->device != 2) return train_fail("data parallel training over NCCL (%d ranks) runs on the GPU (-D gpu)", ranks);
-    if (a->clip_rule == CLIP_EXACT || a->clip_rule == CLIP_EST)
-        return train_fail("-N %s over NCCL is not there yet (the norm of the reduced gradients): use -N prev%s",
-                          a->clip_rule == CLIP_EXACT ? "exact" : "est", a->release ? " (the default over NCCL)" : "");
-    if (a->out_dir[0] || a->resume) return train_fail("checkpoints (-o) over NCCL are not there yet");
+    if (a->clip_rule == CLIP_EST || (a->clip_rule == CLIP_EXACT && a->release))
+        return train_fail("-N %s over NCCL is not there yet: use -N %s", a->release ? clip_rule_names[a->clip_rule] : "est",
+                          a->release ? "prev (the default over NCCL with -R 1)" : "exact (the default over NCCL) or -N prev");
     if (a->parity) return train_fail("-P fp32 over NCCL is not there yet");
     Nccl *c = (Nccl *)calloc(1, sizeof *c);
     if (!c) return train_fail("out of memory");
     t->nccl = c;
     c->rank = r; c->ranks = ranks; c->local = nccl_local_rank();
-    t->rule = CLIP_PREV;
+    if (t->rule == CLIP_EST) t->rule = CLIP_PREV;   // release's default over NCCL, est not being there
     if (r > 0) a->verbose = 0;   // rank 0 prints
     if (cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount")) return -1;
     if (devices < 1) return train_fail("NCCL: no GPU");
@@ -265,7 +282,6 @@ int nccl_open(Trainer *t) {
     size_t bytes = c->es * (size_t)(c->S * c->ranks);
     if (cuda_check(cudaMalloc(&c->G, bytes), "cudaMalloc of the gradient and weight exchange buffer") ||
         cuda_check(cudaMemset(c->G, 0, bytes), "cudaMemset") ||
-        cuda_check(cudaMalloc((void **)&c->dev_sums, sizeof(double) * (size_t)(c->ranks + 1)), "cudaMalloc") ||
         cuda_check(cudaMalloc((void **)&c->dev_loss, sizeof(float)), "cudaMalloc"))
         return -1;
     if (!t->a.release) return 0;
@@ -283,9 +299,10 @@ int nccl_open(Trainer *t) {
 
 // The buffer group g's gradients and weights pass through.
 static char *group_buffer(const Nccl *c, int g) { return (char *)(g % 2 ? c->G2 : c->G); }
-// The stream of every NCCL call: the exchange stream under release, else the model's.
+// The stream of every NCCL call: the exchange stream under release, else the model's (none yet
+// while the run opens: the default).
 static cudaStream_t nccl_stream(const Trainer *t) {
-    return t->nccl->events ? t->nccl->xs : (cudaStream_t)gpt2_cuda_stream(t->gpu.model);
+    return t->nccl->events ? t->nccl->xs : t->gpu.model ? (cudaStream_t)gpt2_cuda_stream(t->gpu.model) : 0;
 }
 
 // Optimizer tensor j's part on this rank: [*offset, *offset + *count) of its n elements, its
@@ -386,20 +403,26 @@ int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream
     return 0;
 }
 
-// The norm of this step's mean gradient: this rank's sums of g^2 (the optimizer's, of its shards) in
-// tensor order, then the ranks' in rank order, the same bits on every rank.
-static int rank_order_norm(Trainer *t, double *norm) {
+// Every rank's k (1..NCCL_GATHER) doubles mine into all (ranks x k, in rank order), on every rank. Waits.
+static int nccl_gather(Nccl *c, const double *mine, int k, double *all, cudaStream_t s) {
+    size_t bytes = sizeof(double) * (size_t)k;
+    if (!c->dev_gather && cuda_check(cudaMalloc((void **)&c->dev_gather, sizeof(double) * NCCL_GATHER * (size_t)(c->ranks + 1)), "cudaMalloc"))
+        return -1;
+    if (cuda_check(cudaMemcpyAsync(c->dev_gather, mine, bytes, cudaMemcpyHostToDevice, s), "copy to the device") ||
+        nccl_check(ncclAllGather(c->dev_gather, c->dev_gather + k, (size_t)k, ncclFloat64, c->comm, s), "ncclAllGather") ||
+        cuda_check(cudaMemcpyAsync(all, c->dev_gather + k, bytes * (size_t)c->ranks, cudaMemcpyDeviceToHost, s), "copy to the host") ||
+        cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize"))
+        return -1;
+    return 0;
+}
+
+// *norm: the norm of the step's mean gradient from each rank's sum of squares (mine), added in rank
+// order: the same bits on every rank.
+static int nccl_total(Trainer *t, double mine, double *norm) {
     Nccl *c = t->nccl;
-    cudaStream_t s = nccl_stream(t);
-    int count = bnb8_optimizer_count(t->opt);
-    if (bnb8_optimizer_sum_squares(t->opt, t->sums)) return train_fail("gradient norm: %s", bnb8_last_error());
-    double mine = 0.0, total = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
+    double total = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
     if (!all) return train_fail("out of memory");
-    for (int i = 0; i < count; i++) mine += t->sums[i];
-    int bad = cuda_check(cudaMemcpyAsync(c->dev_sums, &mine, sizeof(double), cudaMemcpyHostToDevice, s), "sum copy") ||
-              nccl_check(ncclAllGather(c->dev_sums, c->dev_sums + 1, 1, ncclFloat64, c->comm, s), "ncclAllGather") ||
-              cuda_check(cudaMemcpyAsync(all, c->dev_sums + 1, sizeof(double) * (size_t)c->ranks, cudaMemcpyDeviceToHost, s), "sum copy") ||
-              cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    int bad = nccl_gather(c, &mine, 1, all, nccl_stream(t));
     for (int r = 0; !bad && r < c->ranks; r++) total += all[r];
     free(all);
     if (bad) return -1;
@@ -407,10 +430,38 @@ static int rank_order_norm(Trainer *t, double *norm) {
     return 0;
 }
 
+// -N prev: this rank's sums of g^2 (the optimizer's, of its shards) in tensor order, then the ranks'.
+static int rank_order_norm(Trainer *t, double *norm) {
+    int count = bnb8_optimizer_count(t->opt);
+    if (bnb8_optimizer_sum_squares(t->opt, t->sums)) return train_fail("gradient norm: %s", bnb8_last_error());
+    double mine = 0.0;
+    for (int i = 0; i < count; i++) mine += t->sums[i];
+    return nccl_total(t, mine, norm);
+}
+
+// -N exact: this rank's sum of squares of the reduced gradients of its shards in G (one rank: the
+// plain path's gpt2_cuda_grad_norm, bit for bit), then every rank's. Waits.
+static int exact_norm(Trainer *t, double *norm) {
+    Nccl *c = t->nccl;
+    const void **bufs = (const void **)malloc(sizeof(void *) * (size_t)(c->num_shares + 1));
+    int64_t *n = (int64_t *)malloc(sizeof(int64_t) * (size_t)(c->num_shares + 1));
+    double mine = 0.0;
+    int bad = !bufs || !n ? train_fail("out of memory") : 0;
+    for (int k = 0; !bad && k < c->num_shares; k++) {
+        bufs[k] = group_buffer(c, 0) + c->es * (size_t)(c->at[c->shares[k].j] + c->shares[k].offset);
+        n[k] = c->shares[k].count;
+    }
+    if (!bad && gpt2_cuda_sum_squares(t->gpu.model, bufs, n, c->num_shares, c->type == ncclBfloat16 ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32, &mine))
+        bad = train_fail("gradient norm: %s", gpt2_cuda_last_error());
+    free(bufs); free(n);
+    return bad ? -1 : nccl_total(t, mine, norm);
+}
+
 // The step: gradients into G, reduce-scatter (average), this rank's shards stepped in one launch,
 // their weights into G, all-gather, every tensor's weights back into the model; under release
 // backward did all that group by group, and the model's stream waits for the last exchange. *norm:
-// the norm of this step's mean gradient (the next step clips with it).
+// the norm of this step's mean gradient: -N exact forms it before the step (skipped on every rank
+// when it is not finite), -N prev after (the next step clips with it).
 int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
     Nccl *c = t->nccl;
     cudaStream_t s = (cudaStream_t)gpt2_cuda_stream(t->gpu.model);
@@ -422,11 +473,154 @@ int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
             return -1;
     } else {
         if (gradients_in(c, 0, s) || reduce_gradients(c, 0, s)) return -1;
-        if (bnb8_optimizer_step(t->opt, lr, step_scale(t->prev_norm, t->a.grad_clip, t->a.accum), (struct CUstream_st *)s))
+        if (t->rule == CLIP_EXACT) {
+            if (exact_norm(t, norm)) return -1;
+            *skipped = !isfinite(*norm);
+            if (*skipped) return 0;   // every rank has the same norm: none steps, the weights stay
+        }
+        if (bnb8_optimizer_step(t->opt, lr, step_scale(t->rule == CLIP_EXACT ? *norm : t->prev_norm, t->a.grad_clip, t->a.accum),
+                                (struct CUstream_st *)s))
             return train_fail("optimizer step: %s", bnb8_last_error());
         if (weights_out(c, 0, s)) return -1;
+        if (t->rule == CLIP_EXACT) return 0;
     }
     return rank_order_norm(t, norm);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Checkpoints and resume over NCCL (train_gpt2_8bit.h; DESIGN.md §8.8)
+
+int nccl_ranks(const Trainer *t, int *rank) {
+    if (rank) *rank = t->nccl ? t->nccl->rank : 0;
+    return t->nccl ? t->nccl->ranks : 0;
+}
+
+// After a resume (each rank restored only its shards' weights): every group's shards all-gathered
+// into every rank's model; waits, so that the first forward finds them.
+int nccl_gather_weights(Trainer *t) {
+    Nccl *c = t->nccl;
+    cudaStream_t s = nccl_stream(t);
+    for (int g = 0; g < c->groups; g++) if (weights_out(c, g, s)) return -1;
+    return cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+// Each rank's outcome (0 opened, 1 failed on the checkpoint's files, 2 failed otherwise) and the
+// checkpoint it opened, gathered: one rank's damaged files make every rank fall back; ranks that
+// found different newest checkpoints (an -o that is not one shared directory) fall back below the
+// newest until they agree.
+int nccl_agree(Trainer *t, int status) {
+    Nccl *c = t->nccl;
+    if (!c->comm) return status;
+    double mine[2] = {status == 0 ? 0.0 : t->damaged ? 1.0 : 2.0, (double)t->start}, lo = INFINITY, hi = -INFINITY;
+    double *all = (double *)malloc(sizeof(double) * 2 * (size_t)c->ranks);
+    int damaged = -1, failed = -1;
+    if (!all || nccl_gather(c, mine, 2, all, nccl_stream(t))) {
+        free(all);
+        t->damaged = 0;
+        return all ? -1 : train_fail("out of memory");
+    }
+    for (int r = c->ranks - 1; r >= 0; r--) {
+        if (all[2 * r] == 1.0) damaged = r;
+        if (all[2 * r] == 2.0) failed = r;
+        lo = fmin(lo, all[2 * r + 1]);
+        hi = fmax(hi, all[2 * r + 1]);
+    }
+    free(all);
+    if (damaged < 0 && failed < 0 && lo == hi) return 0;
+    t->damaged = failed < 0;
+    if (failed >= 0) return status ? -1 : train_fail("rank %d of %d could not open the run (its error is in its output)", failed, c->ranks);
+    if (!status && damaged >= 0)
+        train_fail("rank %d's files of the checkpoint of step %lld are damaged or missing (its warning says which)", damaged, (long long)hi);
+    else if (!status)
+        train_fail("the ranks found different newest checkpoints in %s (steps %lld to %lld): is it one directory that every rank "
+                   "shares?", t->a.out_dir, (long long)lo, (long long)hi);
+    t->start = (int64_t)hi;   // every rank tries the checkpoint before the newest one found
+    return -1;
+}
+
+int nccl_masters(Trainer *t, char *where, size_t size) {
+    Nccl *c = t->nccl;
+    const GPT2 *m = &t->model;
+    where[0] = 0;
+    for (int k = 0; k < c->num_shares; k++) {   // share k is the optimizer's tensor k
+        const Share *h = &c->shares[k];
+        int i = 0;
+        int64_t j = h->j, slices = 1, base = 0;   // tensor j of the plain numbering: slice j of parameter i
+        for (; i < GPT2_NUM_PARAMS; base += m->param_sizes[i], i++) {
+            slices = m->param_sizes[i] ? tensor_slices(t, i) : 0;
+            if (j < slices) break;
+            j -= slices;
+        }
+        int64_t first = j * (m->param_sizes[i] / slices) + h->offset;   // in the whole tensor
+        float *out = m->params_memory + base + first;
+        if (bnb8_optimizer_export_fp32(t->opt, k, out)) return train_fail("export of '%s': %s", gpt2_param_names[i], bnb8_last_error());
+        for (int64_t e = 0; !where[0] && e < h->count; e++)
+            if (!isfinite(out[e]))
+                snprintf(where, size, "tensor '%s' element %lld is %g", gpt2_param_names[i], (long long)(first + e), (double)out[e]);
+    }
+    return 0;
+}
+
+static int nothing_writer(FILE *f, const void *ctx) { (void)f; (void)ctx; return 0; }
+static int64_t file_bytes(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
+
+// Every rank's weights checked (none is saved when one rank's are not finite), then each rank's
+// optimizer file and rank 0's trainer state; rank 0 writes DONE once every rank has reported its
+// files written, and says whether it did; on any failure each rank removes what it wrote.
+int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own) {
+    Nccl *c = t->nccl;
+    cudaStream_t st = nccl_stream(t);
+    const char *dir = t->a.out_dir;
+    char path[TRAIN_PATH_MAX], state[TRAIN_PATH_MAX], where[160] = "";
+    double mine[2], *all = (double *)malloc(sizeof(double) * 2 * (size_t)c->ranks), total = 0.0;
+    int status = 0, failed = -1;
+    *bytes = *own = 0;
+    if (!all) return train_fail("out of memory");
+    status = nccl_masters(t, where, sizeof where);
+    mine[0] = status || where[0];
+    if (nccl_gather(c, mine, 1, all, st)) { free(all); return -1; }
+    for (int r = c->ranks - 1; r >= 0; r--) if (all[r] != 0.0) failed = r;
+    if (failed >= 0) {
+        free(all);
+        if (status) return -1;
+        if (where[0]) failed = c->rank;
+        return train_fail("step %lld: the weights are not finite (rank %d of %d%s%s): checkpoint not written; the newest complete "
+                          "checkpoint in %s is the last good one", (long long)s->step, failed, c->ranks, where[0] ? ": " : "", where, dir);
+    }
+    checkpoint_optim_path(path, sizeof path, dir, s->step, c->rank, c->ranks);
+    checkpoint_path(state, sizeof state, dir, "state", s->step, ".bin");
+    if (bnb8_optimizer_save(t->opt, path)) status = train_fail("%s", bnb8_last_error());
+    if (!status && c->rank == 0) status = write_atomically(state, state_writer, s);
+    *own = file_bytes(path);
+    mine[0] = status != 0;
+    mine[1] = (double)(*own + (c->rank == 0 ? file_bytes(state) : 0));
+    if (nccl_gather(c, mine, 2, all, st)) { free(all); return -1; }
+    for (int r = c->ranks - 1; r >= 0; r--) { if (all[2 * r] != 0.0) failed = r; total += all[2 * r + 1]; }
+    if (failed < 0 && c->rank == 0) {   // every rank's file is written: the checkpoint is complete
+        checkpoint_path(path, sizeof path, dir, "DONE", s->step, "");
+        status = write_atomically(path, nothing_writer, NULL);
+        checkpoint_optim_path(path, sizeof path, dir, s->step, c->rank, c->ranks);
+    }
+    mine[0] = status != 0;   // rank 0's DONE
+    if (failed < 0 && nccl_gather(c, mine, 1, all, st)) { free(all); return -1; }
+    if (failed < 0 && all[0] != 0.0) failed = 0;
+    free(all);
+    if (failed < 0) { *bytes = (int64_t)total; return 0; }
+    remove(path);   // no DONE: this step's files are useless; a full disk gets their space back
+    if (c->rank == 0) remove(state);
+    *own = 0;
+    if (status) return -1;
+    return train_fail("step %lld: rank %d of %d could not write its checkpoint files (its error is in its output): checkpoint "
+                      "not written; the newest complete checkpoint in %s is the last good one", (long long)s->step, failed, c->ranks, dir);
+}
+
+void nccl_hint(void) {
+    int devices = 0;
+    if (env_first("OMPI_COMM_WORLD_SIZE", "BNB8_RANKS") || cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) return;
+    printf("note     %d GPUs here, this run uses one; to train on all of them, one process per GPU (global batch %d x B x T;\n"
+           "         README, Several GPUs): mpirun -np %d ./build/train_gpt2_8bit_cuda <these flags>, or\n"
+           "         for r in $(seq 0 %d); do BNB8_RANKS=%d BNB8_RANK=$r NCCL_NVLS_ENABLE=0 ./build/train_gpt2_8bit_cuda <these flags> & done; wait\n",
+           devices, devices, devices, devices - 1, devices);
 }
 
 // The exchange buffers' bytes: G, and under release G2 too.
@@ -459,7 +653,7 @@ void nccl_free(Trainer *t) {
     if (c->G2) cudaFree(c->G2);
     for (int b = 0; c->events && b < 2; b++) { cudaEventDestroy(c->ready[b]); cudaEventDestroy(c->done[b]); }
     if (c->events) cudaStreamDestroy(c->xs);
-    if (c->dev_sums) cudaFree(c->dev_sums);
+    if (c->dev_gather) cudaFree(c->dev_gather);
     if (c->dev_loss) cudaFree(c->dev_loss);
     free(c->param); free(c->grad); free(c->n); free(c->at); free(c->shares); free(c->inputs); free(c->targets);
     free(c->share_of); free(c->group); free(c->group_S);

@@ -1,8 +1,9 @@
 /*
 test_train.c — the GPT-2 trainer (DESIGN.md §8, §12): gradients against finite differences of an
 independent double-precision forward, training lowers the loss and 8bit, flash and 8bit-int8 stay within 2%
-of fp32 with the bytes per parameter of their formats, resume is bit-exact, and every loader refuses bad
-files with a message naming the file.
+of fp32 with the bytes per parameter of their formats, resume is bit-exact, every loader refuses bad
+files with a message naming the file, and what the CPU build reaches of checkpoints over NCCL (rank
+files' names, every rank's file, the trainer state's ranks, another number of ranks refused).
 
 The tests reach the trainer, its model and its loaders through their headers (the trainer is
 linked, built with -DTRAIN_NO_MAIN). Models here are tiny (2 layers, C = 32, V = 64) and the data is
@@ -1024,6 +1025,7 @@ static void test_state_files(void) {
     for (int k = 0; k < 24 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
     EXPECT(size != 256 || (w[25] == 5000 && w[26] == -0x123456789abcdefll), "words 25, 26 (the training tokens): %lld, %lld",
            (long long)w[25], (long long)w[26]);
+    EXPECT(size != 256 || w[27] == 0, "word 27 (a single process's checkpoint): %lld", (long long)w[27]);
     free(d);
     if (size != 256) return;
     // Every field refused by the loader, the checksum made right so that it is the field that fails.
@@ -1036,7 +1038,8 @@ static void test_state_files(void) {
         {21, 8, "inconsistent", "more optimizer steps than steps"}, {21, -1, "inconsistent", "negative optimizer steps"},
         {22, 3, "inconsistent", "clipping rule 3"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
         {25, -1, "training token count", "a negative token count"},
-        {24, 1, "scale dtype", "bf16 scales for the 8bit recipe"}, {24, -1, "scale dtype", "scale dtype -1"}};
+        {24, 1, "scale dtype", "bf16 scales for the 8bit recipe"}, {24, -1, "scale dtype", "scale dtype -1"},
+        {27, -1, "ranks", "negative ranks"}, {27, 1 << 21, "ranks", "2^21 ranks"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[32];
         memcpy(v, w, sizeof v);
@@ -1361,6 +1364,61 @@ static void test_est_rule(void) {
     free(w0); free(w1);
 }
 
+// Checkpoints over NCCL (train_nccl.c) by what the CPU build reaches: the rank files' names, the
+// check that every rank's file is there, the trainer state's word 27 (the ranks), and a resume with
+// another number of ranks refused with a message that says how to resume (a checkpoint made as by
+// 2 ranks, resumed by this single process); asking for ranks without NCCL built is refused.
+static void test_ranks_checkpoint(void) {
+    char path[512], dir[256], want[512];
+    snprintf(dir, sizeof dir, "%s/ranks", tdir);
+    checkpoint_optim_path(path, sizeof path, dir, 12, 0, 0);
+    snprintf(want, sizeof want, "%s/optim_00000012.bin", dir);
+    EXPECT(strcmp(path, want) == 0, "a single process's optimizer file: %s", path);
+    checkpoint_optim_path(path, sizeof path, dir, 12, 1, 4);
+    snprintf(want, sizeof want, "%s/optim_00000012.rank1of4.bin", dir);
+    EXPECT(strcmp(path, want) == 0, "rank 1 of 4: %s", path);
+    checkpoint_optim_path(path, sizeof path, dir, 123456789, 7, 8);
+    snprintf(want, sizeof want, "%s/optim_123456789.rank7of8.bin", dir);
+    EXPECT(strcmp(path, want) == 0, "rank 7 of 8, step 123456789: %s", path);
+    // every rank's file is needed: missing ones named, the lowest first
+    test_remove_tree(dir, 1);
+    mkdir(dir, 0755);
+    EXPECT(checkpoint_missing_rank(dir, 5, 3) == 0, "no file: rank 0 missing");
+    const int order[3] = {2, 0, 1}, missing[3] = {0, 1, -1};
+    for (int k = 0; k < 3; k++) {
+        checkpoint_optim_path(path, sizeof path, dir, 5, order[k], 3);
+        spit(path, (const uint8_t *)"x", 1);
+        EXPECT(checkpoint_missing_rank(dir, 5, 3) == missing[k], "after rank %d's file: missing %d, expected %d", order[k],
+               checkpoint_missing_rank(dir, 5, 3), missing[k]);
+    }
+    EXPECT(checkpoint_missing_rank(dir, 5, 4) == 0, "ranks of 4: the files of 3 ranks are not theirs");
+    EXPECT(checkpoint_missing_rank(dir, 6, 3) == 0, "another step's files");
+    EXPECT(checkpoint_missing_rank(dir, 5, 0) == -1, "a single process needs no rank file");
+    test_remove_tree(dir, 1);
+    // a checkpoint whose trainer state says 2 ranks: this single process refuses it, saying how to resume
+    TrainArgs a;
+    tiny_args(&a, "flash", "adamw", 2);
+    a.out_dir = dir;
+    TrainerState st;
+    checkpoint_path(path, sizeof path, dir, "state", 2, ".bin");
+    int ok = train_run(&a, NULL) == 0 && state_load(&st, path) == 0;
+    EXPECT(ok && st.ranks == 0, "a single process's checkpoint: ranks %lld (%s)", ok ? (long long)st.ranks : -1LL, train_error_text);
+    st.ranks = 2;
+    ok = ok && write_atomically(path, state_writer, &st) == 0;
+    a.steps = 4; a.resume = 1;
+    EXPECT(ok && train_run(&a, NULL) != 0 && strstr(train_error_text, "2 ranks") && strstr(train_error_text, "BNB8_RANKS=2") &&
+           strstr(train_error_text, "a single process") && !strstr(train_error_text, "no earlier"),
+           "resume of 2 ranks' checkpoint by one process: '%s'", train_error_text);
+    test_remove_tree(dir, 1);
+    setenv("BNB8_RANKS", "2", 1);
+    setenv("BNB8_RANK", "0", 1);
+    a.resume = 0;
+    EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "BNB8_RANKS=2") && strstr(train_error_text, "without NCCL"),
+           "ranks without NCCL: '%s'", train_error_text);
+    unsetenv("BNB8_RANKS");
+    unsetenv("BNB8_RANK");
+}
+
 static void test_settings(void) {
     GPT2Config c;
     EXPECT(gpt2_config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
@@ -1515,5 +1573,6 @@ void tests_train(void) {
     test_run("train: trainer and optimizer state files: bad ones refused", test_state_files);
     test_run("train: the embedded fortunes data, a few steps and a sample", test_fortunes_smoke);
     test_run("train: descriptors, flags, schedule", test_settings);
+    test_run("train: checkpoints of several ranks: file names, every rank's file, word 27, another N refused", test_ranks_checkpoint);
     test_remove_tree(tdir, 1);
 }

@@ -23,8 +23,12 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            equal the formats' (fp32 and 8bit: an fp32 master and no bf16 weights; about 12, 6.03,
            5.03, 5.125 bytes per parameter);
   nccl     the data parallel path (train_nccl.c) with one rank (BNB8_RANKS=1): every recipe, 8 steps
-           of -N prev with some clipped, equals the plain GPU path bit for bit (losses, norms, masters,
-           steps clipped), without and with gradient release; -N exact is refused over NCCL with a message (P15);
+           of -N prev (without and with gradient release) and of -N exact with some clipped, equals the
+           plain GPU path bit for bit (losses, norms, masters, steps clipped); -N est, and -N exact with
+           release, are refused over NCCL with a message (P15); checkpoints with one rank: its file
+           optim_s.rank0of1.bin, stop at 3 + resume to 6 bit-exact (flash, 8bit, flash + release), a damaged or missing
+           rank file falls back to the checkpoint before, a resume by another number of ranks (a single
+           process) refused, saying how;
   memory   d12 (-w 0, B=16, T=1024): persistent bytes per parameter 16, 10.031, 7.031, 7.125 for fp32,
            8bit, 8bit-int8, flash, and 14, 8.031, 5.031, 5.125 with release (no gradient buffer), and
            the device memory measured by cudaMemGetInfo within 5% of the computed total; tokens/s
@@ -37,6 +41,7 @@ Data: the embedded fortunes files. The last line is "N passed, M failed"; exit s
 #include "test/test.h"
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *scratch = "build/test_train_gpu.tmp";
 
@@ -365,38 +370,140 @@ static void test_memory_d12(void) {
 
 // The NCCL path with one rank: the gradients pass through the exchange buffer (reduce-scatter of
 // one rank: the same values), the optimizer holds every tensor whole as its one shard, the weights
-// come back through the all-gather; nothing may change a bit.
+// come back through the all-gather; nothing may change a bit, under -N prev (the optimizer's sums)
+// and -N exact (the sum of squares of the rank's part of the exchange buffer, gpt2_cuda_sum_squares:
+// gpt2_cuda_grad_norm's arithmetic), with a clip that clips some steps.
+static void nccl_env(int on) {
+    if (on) { setenv("BNB8_RANKS", "1", 1); setenv("BNB8_RANK", "0", 1); setenv("BNB8_NCCL_ID", "build/test_train_gpu.nccl.id", 1); }
+    else { unsetenv("BNB8_RANKS"); unsetenv("BNB8_RANK"); unsetenv("BNB8_NCCL_ID"); }
+}
 static void test_nccl_one_rank(void) {
     const int S = 8;
     int64_t n = num_params("d2c64h2");
     float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n), l0[8], l1[8];
     double n0[8], n1[8];
-    for (int c = 0; c < 8 && p0 && p1; c++) {
-        int k = c / 2, release = c % 2;   // every recipe, without and with gradient release
+    for (int c = 0; c < 12 && p0 && p1; c++) {
+        int k = c % 4, mode = c / 4, release = mode == 1;   // every recipe: -N prev, prev + release, exact
         TrainArgs a;
         small_args(&a, all_recipes[k], k == 3 ? "lion" : "adamw", S, 2);
-        a.clip_rule = CLIP_PREV;
+        a.clip_rule = mode < 2 ? CLIP_PREV : CLIP_EXACT;
         a.grad_clip = 1.0f;
         a.release = release;
         TrainResult r0 = {0}, r1 = {0};
         r0.norms = n0; r1.norms = n1;
-        unsetenv("BNB8_RANKS");
-        int ok = run(&a, l0, p0, n, &r0) == 0;
-        setenv("BNB8_RANKS", "1", 1); setenv("BNB8_RANK", "0", 1); setenv("BNB8_NCCL_ID", "build/test_train_gpu.nccl.id", 1);
+        nccl_env(0);
+        int ok = 1;
+        if (mode == 2) {   // exact: clip at the unclipped run's median norm, so that some steps are clipped
+            a.grad_clip = 0.0f;
+            ok = run(&a, l0, p0, n, &r0) == 0;
+            double sorted[8];
+            memcpy(sorted, n0, sizeof sorted);
+            for (int i = 1; i < S; i++)
+                for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) { double x = sorted[j]; sorted[j] = sorted[j - 1]; sorted[j - 1] = x; }
+            a.grad_clip = (float)sorted[S / 2];
+        }
+        ok = ok && run(&a, l0, p0, n, &r0) == 0;
+        nccl_env(1);
+        memset(p1, 0xff, 4 * (size_t)n);
         ok = ok && run(&a, l1, p1, n, &r1) == 0;
-        EXPECT(ok, "%s%s: %s", all_recipes[k], release ? " + release" : "", train_error_text);
+        const char *what = mode == 0 ? "-N prev" : mode == 1 ? "-N prev + release" : "-N exact";
+        EXPECT(ok, "%s %s: %s", all_recipes[k], what, train_error_text);
         int same = ok && memcmp(l0, l1, sizeof l0) == 0 && memcmp(n0, n1, sizeof n0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0 &&
                    r0.clipped_steps == r1.clipped_steps;
-        EXPECT(same, "%s%s: the NCCL path with one rank differs from the plain path (loss at step 8: %.9g vs %.9g, norm %.17g vs "
-               "%.17g, %lld vs %lld steps clipped)", all_recipes[k], release ? " + release" : "", (double)l1[S - 1], (double)l0[S - 1],
+        EXPECT(same, "%s %s: the NCCL path with one rank differs from the plain path (loss at step 8: %.9g vs %.9g, norm "
+               "%.17g vs %.17g, %lld vs %lld steps clipped)", all_recipes[k], what, (double)l1[S - 1], (double)l0[S - 1],
                n1[S - 1], n0[S - 1], (long long)r1.clipped_steps, (long long)r0.clipped_steps);
-        printf("  nccl: %-9s %-9s one rank = the plain GPU path: %s (last loss %.6f, %lld steps clipped)\n", all_recipes[k],
-               release ? "+ release" : "", same ? "bit-identical" : "DIFFERENT", (double)l1[S - 1], (long long)r1.clipped_steps);
+        EXPECT(!ok || mode < 2 || r0.clipped_steps > 0, "%s %s: no step clipped at -g %g", all_recipes[k], what, (double)a.grad_clip);
+        printf("  nccl: %-9s %-17s one rank = the plain GPU path: %s (last loss %.6f, %lld steps clipped)\n", all_recipes[k],
+               what, same ? "bit-identical" : "DIFFERENT", (double)l1[S - 1], (long long)r1.clipped_steps);
+        if (c != 0) continue;
         // what the path does not do yet is refused, saying so
-        a.release = 0; a.clip_rule = CLIP_EXACT;
-        EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "-N exact"), "-N exact over NCCL: '%s'", train_error_text);
-        unsetenv("BNB8_RANKS"); unsetenv("BNB8_RANK"); unsetenv("BNB8_NCCL_ID");
+        a.clip_rule = CLIP_EST;
+        EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "-N est"), "-N est over NCCL: '%s'", train_error_text);
+        a.clip_rule = CLIP_EXACT; a.release = 1; a.grad_clip = 0.0f;   // (a clip with -N exact -R 1 is refused anywhere)
+        EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "-N exact"), "-N exact -R 1 over NCCL: '%s'",
+               train_error_text);
     }
+    nccl_env(0);
+    free(p0); free(p1);
+}
+
+static int64_t file_size(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : -1; }
+
+// Checkpoints over NCCL with one rank (-o): its optimizer file is optim_s.rank0of1.bin (no
+// optim_s.bin), the bytes reported are the files'; stop at step 3 and resume to 6 equals 6 straight
+// steps bit for bit (flash and 8bit with -N exact, flash + release with -N prev; clipping); a damaged or missing rank file makes the
+// resume fall back to the checkpoint before (which re-joins NCCL); a resume by a single process of
+// the ranks' checkpoint, and by a rank of a single process's, is refused saying how.
+static void test_nccl_resume(void) {
+    const char *rec[3] = {"flash", "8bit", "flash+R"};
+    int64_t n = num_params("d2c64h2");
+    float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n);
+    char path[512], state[512];
+    for (int k = 0; k < 3 && p0 && p1; k++) {
+        float l0[10], l1[10];   // up to -n 9 below
+        TrainArgs a;
+        small_args(&a, k == 1 ? "8bit" : "flash", "adamw", 6, 2);
+        a.release = k == 2;   // each backward group's weights all-gathered on resume
+        a.grad_clip = 0.5f;   // -N exact, the default over NCCL (-N prev with release)
+        a.out_dir = scratch;
+        test_remove_tree(scratch, 1);
+        nccl_env(1);
+        TrainResult r0 = {0};
+        int ok = run(&a, l0, p0, n, &r0) == 0;
+        checkpoint_optim_path(path, sizeof path, scratch, 6, 0, 1);
+        checkpoint_path(state, sizeof state, scratch, "state", 6, ".bin");
+        int64_t own = file_size(path), st = file_size(state);
+        char plain[512];
+        checkpoint_optim_path(plain, sizeof plain, scratch, 6, 0, 0);
+        EXPECT(ok && own > 0 && st == 256 && file_size(plain) < 0 && r0.checkpoint_bytes == own + st,
+               "%s: one rank's checkpoint: %s %lld bytes, %s %lld, optim_*.bin %lld (none expected), reported %lld",
+               rec[k], path, (long long)own, state, (long long)st, (long long)file_size(plain), (long long)r0.checkpoint_bytes);
+        test_remove_tree(scratch, 1);
+        a.stop_after = 3;
+        ok = ok && run(&a, l1, NULL, 0, NULL) == 0;
+        a.stop_after = 0; a.resume = 1;
+        memset(p1, 0xff, 4 * (size_t)n);
+        TrainResult r1 = {0};
+        ok = ok && run(&a, l1, p1, n, &r1) == 0;
+        EXPECT(ok, "%s: one rank, stop and resume: %s", rec[k], train_error_text);
+        int same = ok && memcmp(l0, l1, 6 * sizeof(float)) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0 && r1.first_step == 4;
+        EXPECT(same, "%s: one rank, stop at 3 + resume to 6 differs from 6 straight steps", rec[k]);
+        printf("  nccl resume: %-7s one rank (-o, -N %s, %lld steps clipped), stop at 3 and resume to 6: %s; checkpoint %lld "
+               "bytes\n", rec[k], a.release ? "prev" : "exact", (long long)r0.clipped_steps, same ? "bit-identical" : "DIFFERENT", (long long)r0.checkpoint_bytes);
+        // checkpoints at 3 and 6 in scratch: one at 6 damaged, then missing, falls back to 3
+        checkpoint_optim_path(path, sizeof path, scratch, 6, 0, 1);
+        FILE *f = fopen(path, "r+b");
+        if (f) { fseek(f, 100, SEEK_SET); fputc(0x5a, f); fseek(f, -20, SEEK_END); fputc(0xa5, f); fclose(f); }
+        a.steps = 8;
+        memset(p1, 0xff, 4 * (size_t)n);
+        r1.first_step = 0;
+        ok = run(&a, l1, NULL, 0, &r1) == 0;
+        EXPECT(ok && r1.first_step == 4, "%s: a damaged rank file at step 6: resumed at step %lld (%s)", rec[k],
+               (long long)r1.first_step - 1, train_error_text);
+        remove(path);   // that run wrote step 8; step 6's rank file gone: its DONE is there
+        checkpoint_path(path, sizeof path, scratch, "DONE", 8, "");
+        remove(path);
+        r1.first_step = 0;
+        a.steps = 9;
+        ok = run(&a, l1, NULL, 0, &r1) == 0;
+        EXPECT(ok && r1.first_step == 4, "%s: step 6's rank file missing: resumed at step %lld (%s)", rec[k],
+               (long long)r1.first_step - 1, train_error_text);
+        // another number of ranks: a single process refuses the ranks' checkpoint, saying how
+        nccl_env(0);
+        EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "BNB8_RANKS=1") &&
+               strstr(train_error_text, "a single process"), "%s: one process resuming one rank's checkpoint: '%s'", rec[k],
+               train_error_text);
+        test_remove_tree(scratch, 1);
+        a.resume = 0; a.steps = 3;
+        ok = run(&a, l1, NULL, 0, NULL) == 0;
+        nccl_env(1);
+        a.resume = 1; a.steps = 6;
+        EXPECT(ok && run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "a single process") &&
+               strstr(train_error_text, "1 ranks"), "%s: one rank resuming a single process's checkpoint: '%s'", rec[k], train_error_text);
+        nccl_env(0);
+    }
+    test_remove_tree(scratch, 1);
     free(p0); free(p1);
 }
 
@@ -410,7 +517,8 @@ int main(void) {
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
     test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2 and -N exact", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);
-    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit (P15)", test_nccl_one_rank);
+    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit, -N prev and exact (P15)", test_nccl_one_rank);
+    test_run("trainer: NCCL checkpoints, one rank: stop and resume bit-exact, fall back, another N refused (P15)", test_nccl_resume);
     test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
     return test_summary();
 }

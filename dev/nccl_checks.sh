@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# P15's checks on a machine of 2 or more GPUs (DESIGN.md §8.8), in one call of at most ~9 minutes,
+# cheapest and most important first; a short table at the end. Ranks are launched in the background
+# with BNB8_RANKS / BNB8_RANK / BNB8_LOCAL_RANK (no mpirun on the device machines), NVLink multicast off.
+#   1. the one-rank tests (test_train_gpu, TEST_ONLY=NCCL): the NCCL path with one rank = the plain
+#      path bit for bit (-N prev and -N exact), one rank's checkpoints: stop + resume bit-exact,
+#      fall back past a damaged or missing rank file, another number of ranks refused;
+#   then for N = 2 (and 4 when there are 4 GPUs):
+#   2. d12 flash 30 steps on N ranks against one GPU with -A N (the same global batch): both losses
+#      at step 30 and their gap (the reduction order differs: close, not equal);
+#   3. a checkpoint at step 10 resumed to 20 against 20 straight steps, on N ranks: every rank's
+#      optimizer file and the trainer state of step 20 equal byte for byte;
+#   4. that checkpoint resumed by another number of ranks: refused, the message printed;
+#   5. tokens/s of N = 1, 2 (, 4) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
+#      (rank 0's tokens/s, its share, over one GPU's);
+#   6. the largest model line: d72 flash with -C 1, B=1, 3 steps on all the GPUs (at most 4): memory per GPU.
+#
+#   bash dev/nccl_checks.sh            # builds with make, runs everything
+#   NG=2 bash dev/nccl_checks.sh       # only 2 GPUs of the machine
+#   CHECKS="scale largest" bash dev/nccl_checks.sh   # some parts: one (1), ranks (2-4), scale (5), largest (6)
+# Logs go to $OUT (the device tool's output folder) or build/nccl_checks.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/nccl_checks}
+CHECKS=${CHECKS:-"one ranks scale largest"}
+on() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+T0=$SECONDS
+make -j"$(nproc)" build/train_gpt2_8bit_cuda build/test_train_gpu > "$OUT/make.log" 2>&1 || { tail -n 30 "$OUT/make.log"; exit 1; }
+grep -q 'NCCL *yes' "$OUT/make.log" || make info 2>/dev/null | grep NCCL
+TRAIN=build/train_gpt2_8bit_cuda
+GPUS=$(nvidia-smi -L | grep -c '^GPU')
+NG=${NG:-$GPUS}
+[ "$NG" -gt 4 ] && NG=4
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1
+echo "build: $((SECONDS - T0)) s; $GPUS GPUs, using up to $NG"
+table=""
+row() { table+=$(printf '%-58s %s' "$1" "$2")$'\n'; echo "--> $1: $2"; }
+
+ID=0
+# ranks N LOG FLAGS...: N ranks of the trainer, rank r's output in LOG.r; 0 when every rank exits 0.
+ranks() {
+    local n=$1 log=$2 pids="" r rc=0
+    shift 2
+    ID=$((ID + 1))
+    for r in $(seq 0 $((n - 1))); do
+        BNB8_RANKS=$n BNB8_RANK=$r BNB8_LOCAL_RANK=$r BNB8_NCCL_ID="$OUT/nccl_id.$ID" "$TRAIN" "$@" > "$log.$r" 2>&1 &
+        pids="$pids $!"
+    done
+    for p in $pids; do wait "$p" || rc=1; done
+    return $rc
+}
+loss_at() { awk -v s="$2/" '$1 == "step" && index($2, s) == 1 { print $5 }' "$1"; }   # LOG STEP
+speed() { awk '$1 == "speed" { print $2 }' "$1"; }
+
+# 1. one rank
+if on one; then
+t=$SECONDS
+TEST_ONLY=NCCL ./build/test_train_gpu > "$OUT/one_rank.log" 2>&1
+grep -a -E '^(ok|FAIL)|nccl|FAIL' "$OUT/one_rank.log" | head -n 40
+row "one-rank tests (test_train_gpu, TEST_ONLY=NCCL)" "$(tail -n 1 "$OUT/one_rank.log") ($((SECONDS - t)) s)"
+fi
+
+F="-e d12 -r flash -R 0 -b 8 -t 1024 -v 0 -G 0 -u 5 -w 0"
+for N in 2 4; do
+    { [ "$N" -gt "$NG" ] || ! on ranks; } && break
+    # 2. N ranks vs one GPU with -A N
+    t=$SECONDS
+    "$TRAIN" $F -n 30 -A "$N" > "$OUT/d12_A$N.log" 2>&1
+    ranks "$N" "$OUT/d12_N$N.log" $F -n 30
+    a=$(loss_at "$OUT/d12_A$N.log" 30); b=$(loss_at "$OUT/d12_N$N.log.0" 30)
+    row "d12 flash 30 steps: $N ranks vs 1 GPU -A $N (loss, gap)" "$b vs ${a:-?}, gap $(awk -v a="${a:-nan}" -v b="${b:-nan}" 'BEGIN { printf "%+.4f", b - a }') ($((SECONDS - t)) s)"
+    # 3. checkpoint at 10, resume to 20, against 20 straight steps
+    t=$SECONDS
+    rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
+    ranks "$N" "$OUT/ck_straight$N.log" $F -n 20 -o "$OUT/ck_straight$N"
+    ranks "$N" "$OUT/ck_stop$N.log" $F -n 20 -x 10 -o "$OUT/ck_resumed$N"
+    ranks "$N" "$OUT/ck_resume$N.log" $F -n 20 -y 1 -o "$OUT/ck_resumed$N"
+    same=yes; files=0
+    for f in "$OUT/ck_straight$N"/optim_00000020.rank*of$N.bin "$OUT/ck_straight$N/state_00000020.bin"; do
+        files=$((files + 1))
+        cmp -s "$f" "$OUT/ck_resumed$N/$(basename "$f")" || same=NO
+    done
+    [ "$files" -eq $((N + 1)) ] || same="NO ($files files, expected $((N + 1)))"
+    grep -a -h 'checkpoint in\|ranks, an optimizer file' "$OUT/ck_straight$N.log.0" | tail -n 2
+    row "checkpoint at 10 + resume to 20 vs 20 straight, $N ranks" "files of step 20 identical: $same ($((SECONDS - t)) s)"
+    # 4. another number of ranks refused
+    M=1; [ "$N" -eq 2 ] && [ "$NG" -ge 4 ] && M=4
+    ranks "$M" "$OUT/ck_other$N.log" $F -n 30 -y 1 -o "$OUT/ck_resumed$N" && refused=NO || refused=yes
+    grep -a -h '^error' "$OUT/ck_other$N.log.0" | head -n 1
+    row "resume of $N ranks' checkpoint by $M rank(s)" "refused: $refused"
+    "$TRAIN" $F -n 30 -y 1 -o "$OUT/ck_resumed$N" > "$OUT/ck_plain$N.log" 2>&1 && refused=NO || refused=yes
+    grep -a -h '^error' "$OUT/ck_plain$N.log" | head -n 1
+    row "resume of $N ranks' checkpoint by a single process" "refused: $refused"
+    rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
+done
+
+# 5. scaling
+S="-r flash -R 0 -b 16 -t 1024 -n 20 -v 0 -G 0 -w 0"
+for d in d12 d24; do
+    on scale || break
+    t=$SECONDS
+    "$TRAIN" -e $d $S > "$OUT/scale_${d}_1.log" 2>&1
+    one=$(speed "$OUT/scale_${d}_1.log")
+    line="1 GPU ${one:-?} tok/s"
+    for N in 2 4; do
+        [ "$N" -gt "$NG" ] && break
+        ranks "$N" "$OUT/scale_${d}_$N.log" -e $d $S
+        r0=$(speed "$OUT/scale_${d}_$N.log.0")
+        line+=$(awk -v n="$N" -v r="${r0:-0}" -v o="${one:-0}" 'BEGIN { printf "; %d GPUs %.0f tok/s (%.1f%% per GPU)", n, n * r, o > 0 ? 100 * r / o : 0 }')
+    done
+    row "tokens/s $d B=16 T=1024 20 steps" "$line ($((SECONDS - t)) s)"
+done
+
+# 6. the largest model line
+if on largest; then
+t=$SECONDS
+timeout 200 bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/d72_N$NG.log' -e d72 -r flash -R 0 -C 1 -b 1 -t 1024 -n 3 -v 0 -G 0 -w 0 -l 3e-4"
+rc=$?
+grep -a -h -E 'per GPU|exchange buffer|device memory|measured|^loss|^error' "$OUT/d72_N$NG.log.0" | head -n 8
+row "d72 (7.3e9) flash -C 1 B=1 on $NG GPUs, 3 steps" "exit $rc, loss $(loss_at "$OUT/d72_N$NG.log.0" 3) ($((SECONDS - t)) s)"
+fi
+
+echo "=== summary ($((SECONDS - T0)) s)"
+printf '%s' "$table"
