@@ -13,7 +13,8 @@
 #   4. that checkpoint resumed by another number of ranks: refused, the message printed;
 #   5. tokens/s of N = 1, 2 (, 4) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
 #      (rank 0's tokens/s, its share, over one GPU's);
-#   6. the largest model line: d72 flash with -C 1, B=1, 3 steps on all the GPUs (at most 4): memory per GPU.
+#   6. the largest model line: d72 flash + release (-N prev) with -C 1, B=1, 3 steps on all the GPUs (at
+#      most 4): memory per GPU. Parts 2-5 run without release (-R 0: -A N on one GPU needs it; -N exact).
 #
 #   bash dev/nccl_checks.sh            # builds with make, runs everything
 #   NG=2 bash dev/nccl_checks.sh       # only 2 GPUs of the machine
@@ -116,10 +117,10 @@ done
 # 6. the largest model line
 if on largest; then
 t=$SECONDS
-timeout 200 bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/d72_N$NG.log' -e d72 -r flash -R 0 -C 1 -b 1 -t 1024 -n 3 -v 0 -G 0 -w 0 -l 3e-4"
+timeout 200 bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/d72_N$NG.log' -e d72 -r flash -R 1 -C 1 -b 1 -t 1024 -n 3 -v 0 -G 0 -w 0 -l 3e-4"
 rc=$?
-grep -a -h -E 'per GPU|exchange buffer|device memory|measured|^loss|^error' "$OUT/d72_N$NG.log.0" | head -n 8
-row "d72 (7.3e9) flash -C 1 B=1 on $NG GPUs, 3 steps" "exit $rc, loss $(loss_at "$OUT/d72_N$NG.log.0" 3) ($((SECONDS - t)) s)"
+grep -a -h -E 'per GPU|[+] exchange|device memory|measured|^loss|^error' "$OUT/d72_N$NG.log.0" | head -n 8
+row "d72 (7.3e9) flash + release -C 1 B=1 on $NG GPUs, 3 steps" "exit $rc, loss $(loss_at "$OUT/d72_N$NG.log.0" 3) ($((SECONDS - t)) s)"
 fi
 
 echo "=== summary ($((SECONDS - T0)) s)"
