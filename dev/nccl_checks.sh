@@ -8,6 +8,7 @@
 #   then for N = 2 (and 4 when there are 4 GPUs):
 #   2. d12 flash 30 steps on N ranks against one GPU with -A N (the same global batch): both losses
 #      at step 30 and their gap (the reduction order differs: close, not equal);
+#   2b. gradient release over NCCL against none (-N prev -g 0): every loss equal with 2 ranks;
 #   3. a checkpoint at step 10 resumed to 20 against 20 straight steps, on N ranks: every rank's
 #      optimizer file and the trainer state of step 20 equal byte for byte;
 #   4. that checkpoint resumed by another number of ranks: refused, the message printed;
@@ -72,6 +73,16 @@ for N in 2 4; do
     ranks "$N" "$OUT/d12_N$N.log" $F -n 30
     a=$(loss_at "$OUT/d12_A$N.log" 30); b=$(loss_at "$OUT/d12_N$N.log.0" 30)
     row "d12 flash 30 steps: $N ranks vs 1 GPU -A $N (loss, gap)" "$b vs ${a:-?}, gap $(awk -v a="${a:-nan}" -v b="${b:-nan}" 'BEGIN { printf "%+.4f", b - a }') ($((SECONDS - t)) s)"
+    # 2b. gradient release over NCCL against no release, both -N prev -g 0 (no clip): with 2 ranks the
+    #     same bits (a mean of two is one order); with 4 the ring's order depends on the place in G
+    t=$SECONDS
+    ranks "$N" "$OUT/rel0_N$N.log" ${F/-R 0/-R 0 -N prev -g 0} -n 30
+    ranks "$N" "$OUT/rel1_N$N.log" ${F/-R 0/-R 1 -N prev -g 0} -n 30
+    a=$(awk '$1 == "step" && $2 ~ /\// { print $5, $11 }' "$OUT/rel0_N$N.log.0" | tr '\n' ' ')
+    b=$(awk '$1 == "step" && $2 ~ /\// { print $5, $11 }' "$OUT/rel1_N$N.log.0" | tr '\n' ' ')
+    same=NO; [ -n "$a" ] && [ "$a" = "$b" ] && same=yes
+    grep -a -h -E 'per GPU|[+] exchange' "$OUT/rel1_N$N.log.0" | head -n 2
+    row "d12 flash 30 steps on $N ranks: release vs none (-g 0)" "every loss and norm equal: $same (at 30: $(loss_at "$OUT/rel1_N$N.log.0" 30) vs $(loss_at "$OUT/rel0_N$N.log.0" 30)) ($((SECONDS - t)) s)"
     # 3. checkpoint at 10, resume to 20, against 20 straight steps
     t=$SECONDS
     rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
