@@ -501,6 +501,7 @@ __global__ void sumsq_kernel(float *partial, const G *x, int64_t n) {
 // squares, in double, of the finite elements; each sum over the block in one fixed order.
 #define CLIP_BLOCKS 128
 #define CLIP_MAX_TENSORS 16
+static_assert(CLIP_BLOCKS * CLIP_MAX_TENSORS == GPT2_CUDA_CLIP_PARTIALS, "gpt2_cuda.h's count of a rank's partials");
 typedef struct { const void *p[CLIP_MAX_TENSORS]; int64_t n[CLIP_MAX_TENSORS]; } ClipGroup;
 static_assert(2 * CLIP_MAX_TENSORS * CLIP_BLOCKS <= GPT2_NUM_PARAMS * NORM_BLOCKS, "the clip partials fit the partials");
 __device__ double block_sum_fixed(double v) {
@@ -1409,22 +1410,53 @@ extern "C" int gpt2_cuda_grad_norm(GPT2Cuda *m, const GPT2CudaGrads *g, double *
 static double *clip_sums(GPT2Cuda *m) { return (double *)((float *)m->act[A_PARTIAL] + m->partial_floats); }
 extern "C" float *gpt2_cuda_clip_scale(GPT2Cuda *m) { return (float *)(clip_sums(m) + m->c.num_layers + 2); }
 
+// The checks of both clipping calls: count buffers (0 allowed for a rank's partials), group k, share.
+static int clip_args(const GPT2Cuda *m, const char *fn, int count, int min_count, int dtype, int k, double share, int64_t accum) {
+    if (count < min_count || count > CLIP_MAX_TENSORS || k < 0 || k >= m->c.num_layers + 2 || !(share > 0.0 && share <= 1.0) ||
+        accum < 1 || (dtype != GPT2_CUDA_BF16 && dtype != GPT2_CUDA_FP32) || (dtype == GPT2_CUDA_BF16 && m->precision != GPT2_CUDA_BF16))
+        return fail("%s: %d tensors (%d..%d), group %d (0..%d), share %g ((0, 1]), accum %lld, dtype %d", fn, count, min_count,
+                    CLIP_MAX_TENSORS, k, m->c.num_layers + 1, share, (long long)accum, dtype);
+    return 0;
+}
+// count * CLIP_BLOCKS partial sums of the buffers into partial (stream s).
+static int clip_partials(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, double *partial, cudaStream_t s) {
+    ClipGroup g = {};
+    for (int i = 0; i < count; i++) { g.p[i] = bufs[i]; g.n[i] = n[i]; }
+    dim3 grid(CLIP_BLOCKS, (unsigned)count);
+    if (count == 0) return 0;
+    if (dtype == GPT2_CUDA_BF16) clip_sumsq_kernel<bf16><<<grid, 256, 0, s>>>(partial, g);
+    else clip_sumsq_kernel<float><<<grid, 256, 0, s>>>(partial, g);
+    LAUNCHED();
+    return 0;
+}
+
 extern "C" int gpt2_cuda_clip_group(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, int k,
                                     double share, float clip, int64_t accum) {
     if (!m || !bufs || !n) return fail("gpt2_cuda_clip_group: NULL argument");
-    if (count < 1 || count > CLIP_MAX_TENSORS || k < 0 || k >= m->c.num_layers + 2 || !(share > 0.0 && share <= 1.0) ||
-        accum < 1 || (dtype != GPT2_CUDA_BF16 && dtype != GPT2_CUDA_FP32) || (dtype == GPT2_CUDA_BF16 && m->precision != GPT2_CUDA_BF16))
-        return fail("gpt2_cuda_clip_group: %d tensors (1..%d), group %d (0..%d), share %g ((0, 1]), accum %lld, dtype %d",
-                    count, CLIP_MAX_TENSORS, k, m->c.num_layers + 1, share, (long long)accum, dtype);
-    ClipGroup g = {};
-    for (int i = 0; i < count; i++) { g.p[i] = bufs[i]; g.n[i] = n[i]; }
+    if (clip_args(m, "gpt2_cuda_clip_group", count, 1, dtype, k, share, accum)) return -1;
     double *partial = (double *)m->act[A_PARTIAL];   // CLIP_MAX_TENSORS x CLIP_BLOCKS doubles fit the partials
-    dim3 grid(CLIP_BLOCKS, (unsigned)count);
-    if (dtype == GPT2_CUDA_BF16) clip_sumsq_kernel<bf16><<<grid, 256, 0, m->stream>>>(partial, g);
-    else clip_sumsq_kernel<float><<<grid, 256, 0, m->stream>>>(partial, g);
-    LAUNCHED();
+    if (clip_partials(m, bufs, n, count, dtype, partial, m->stream)) return -1;
     clip_scale_kernel<<<1, 256, 0, m->stream>>>(partial, count * CLIP_BLOCKS, clip_sums(m), k, share, clip, accum,
                                                 gpt2_cuda_clip_scale(m));
+    LAUNCHED();
+    return 0;
+}
+
+extern "C" int gpt2_cuda_clip_partials(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, double *partial,
+                                       struct CUstream_st *stream) {
+    if (!m || !partial || (count > 0 && (!bufs || !n))) return fail("gpt2_cuda_clip_partials: NULL argument");
+    if (clip_args(m, "gpt2_cuda_clip_partials", count, 0, dtype, 0, 1.0, 1)) return -1;
+    CU(cudaMemsetAsync(partial, 0, sizeof(double) * GPT2_CUDA_CLIP_PARTIALS, (cudaStream_t)stream));
+    return clip_partials(m, bufs, n, count, dtype, partial, (cudaStream_t)stream);
+}
+
+extern "C" int gpt2_cuda_clip_scale_parts(GPT2Cuda *m, const double *partial, int ranks, int k, double share, float clip,
+                                          int64_t accum, struct CUstream_st *stream) {
+    if (!m || !partial) return fail("gpt2_cuda_clip_scale_parts: NULL argument");
+    if (ranks < 1 || clip_args(m, "gpt2_cuda_clip_scale_parts", 1, 1, m->precision, k, share, accum))
+        return ranks < 1 ? fail("gpt2_cuda_clip_scale_parts: %d ranks", ranks) : -1;
+    clip_scale_kernel<<<1, 256, 0, (cudaStream_t)stream>>>(partial, ranks * GPT2_CUDA_CLIP_PARTIALS, clip_sums(m), k, share, clip,
+                                                           accum, gpt2_cuda_clip_scale(m));
     LAUNCHED();
     return 0;
 }

@@ -133,6 +133,15 @@ int gpt2_cuda_sum_squares(GPT2Cuda *m, const void *const *bufs, const int64_t *n
 // / accum (share in (0, 1]): clip / norm when norm > clip > 0, else 1, divided by accum.
 int gpt2_cuda_clip_group(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, int k,
                          double share, float clip, int64_t accum);
+// The same over several ranks (train_nccl.c), on stream, no wait: a rank's GPT2_CUDA_CLIP_PARTIALS partial
+// sums of its count (0..16) buffers into partial (device; the unused ones 0, which add nothing exactly);
+#define GPT2_CUDA_CLIP_PARTIALS (16 * 128)
+int gpt2_cuda_clip_partials(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, double *partial,
+                            struct CUstream_st *stream);
+// then every rank's (ranks x GPT2_CUDA_CLIP_PARTIALS, in rank order) into sums[k] and the scale, as
+// gpt2_cuda_clip_group does with its own partials: one rank gives its bits.
+int gpt2_cuda_clip_scale_parts(GPT2Cuda *m, const double *partial, int ranks, int k, double share, float clip,
+                               int64_t accum, struct CUstream_st *stream);
 float *gpt2_cuda_clip_scale(GPT2Cuda *m);              // device memory (the optimizer's cfg.gnorm_scale_at)
 int gpt2_cuda_clip_sums(GPT2Cuda *m, double *host);    // sums[0..L+1] to the host. Waits.
 

@@ -444,7 +444,7 @@ void usage(FILE *f) {
         "A training loss that is not finite, or a skipped update, %d steps in a row stops the run (exit 1).\n"
         "Several GPUs (a build with NCCL): one process per GPU, `mpirun -np N train_gpt2_8bit_cuda ...` or\n"
         "BNB8_RANKS=N BNB8_RANK=r (BNB8_LOCAL_RANK, BNB8_NCCL_ID) for r = 0..N-1; the global batch is N x B x T x A;\n"
-        "-N exact (default without -R 1) or prev (with -R 1), -o / -y per rank; not yet: -N est, -P fp32, -X (README).\n"
+        "-N exact, est or prev as on one GPU, -o / -y per rank; not yet: -P fp32, -X (README).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
@@ -1053,20 +1053,23 @@ static int gpu_micro_step(Trainer *t, const int *inputs, const int *targets, int
 // order, as under release (where backward stepped them). Then the device memory in use.
 static int gpu_step(Trainer *t, float lr, double *norm, int *skipped) {
     Gpu *g = &t->gpu;
-    if (t->nccl) { int status = nccl_step(t, lr, norm, skipped); gpu_note_memory(g); return status; }
     *norm = NAN;
     *skipped = 0;
-    if (t->rule == CLIP_EXACT) {
-        if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
-        *norm /= (double)t->a.accum;
-        *skipped = !isfinite(*norm);
+    if (t->nccl) {   // several GPUs: the exchanges and the steps (est: group by group), the norm but est's
+        if (nccl_step(t, lr, norm, skipped)) return -1;
+    } else {
+        if (t->rule == CLIP_EXACT) {
+            if (gpt2_cuda_grad_norm(g->model, &g->grads, norm)) return train_fail("GPU gradient norm: %s", gpt2_cuda_last_error());
+            *norm /= (double)t->a.accum;
+            *skipped = !isfinite(*norm);
+        }
+        for (int k = 0; t->rule == CLIP_EST && !t->a.release && k < t->model.config.num_layers + 2; k++)
+            if (step_group(t, k, lr, 1.0f, gpt2_cuda_stream(g->model))) return -1;
+        if (!t->a.release && !*skipped && t->rule != CLIP_EST &&
+            bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), gpt2_cuda_stream(g->model)))
+            return train_fail("optimizer step: %s", bnb8_last_error());
+        if (t->rule == CLIP_PREV && prev_rule_norm(t, norm)) return -1;
     }
-    for (int k = 0; t->rule == CLIP_EST && !t->a.release && k < t->model.config.num_layers + 2; k++)
-        if (step_group(t, k, lr, 1.0f, gpt2_cuda_stream(g->model))) return -1;
-    if (!t->a.release && !*skipped && t->rule != CLIP_EST &&
-        bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum), gpt2_cuda_stream(g->model)))
-        return train_fail("optimizer step: %s", bnb8_last_error());
-    if (t->rule == CLIP_PREV && prev_rule_norm(t, norm)) return -1;
     if (t->rule == CLIP_EST) {
         if (gpt2_cuda_clip_sums(g->model, t->group_sums)) return train_fail("GPU clipping: %s", gpt2_cuda_last_error());
         est_finish(t, norm);

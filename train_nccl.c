@@ -37,7 +37,12 @@ damaged or missing, every rank falls back to the one before (nccl_agree); then t
 the weights (each restored only its shards). Another number of ranks is refused with a message.
 
 Built with -DTRAIN_NCCL when the Makefile finds nccl.h and libnccl; without it, asking for ranks is
-refused with a message. Not yet: -X with several ranks, -N est, -N exact with release, -P fp32.
+refused with a message. Not yet: -X with several ranks, -P fp32 (-N exact with release is refused
+anywhere).
+
+-N est (the default under release): each backward group's sum of squares over the ranks: each rank's
+fixed partial sums of its shards (gpt2_cuda_clip_partials), all-gathered, added in one fixed order on
+every rank into the group's sum and scale (gpt2_cuda_clip_scale_parts), which the group's step reads.
 */
 #define _POSIX_C_SOURCE 200809L
 #include "train_gpt2_8bit.h"
@@ -132,6 +137,7 @@ struct Nccl {
     float *dev_loss;           // (1) device
     int *inputs, *targets;     // (B T) this rank's batch
     double *dev_gather;        // (NCCL_GATHER (ranks + 1)) device: nccl_gather's, made at its first call
+    double *dev_partial;       // -N est: (ranks + 1) x GPT2_CUDA_CLIP_PARTIALS device: this rank's, then everyone's
 };
 #define NCCL_GATHER 4           // doubles per rank at most in one nccl_gather
 
@@ -200,15 +206,14 @@ int nccl_setup(Trainer *t) {
     int ranks = atoi(size), r = rank ? atoi(rank) : -1, devices = 0;
     if (ranks < 1 || r < 0 || r >= ranks) return train_fail("NCCL: rank %s of %s (BNB8_RANK, BNB8_RANKS): need 0 <= rank < ranks", rank ? rank : "unset", size);
     if (a->device != 2) return train_fail("data parallel training over NCCL (%d ranks) runs on the GPU (-D gpu)", ranks);
-    if (a->clip_rule == CLIP_EST || (a->clip_rule == CLIP_EXACT && a->release))
-        return train_fail("-N %s over NCCL is not there yet: use -N %s", a->release ? clip_rule_names[a->clip_rule] : "est",
-                          a->release ? "prev (the default over NCCL with -R 1)" : "exact (the default over NCCL) or -N prev");
+    if (a->clip_rule == CLIP_EXACT && a->release)
+        return train_fail("-N exact with -R 1 over NCCL: release steps each layer before this step's norm exists; use -N est "
+                          "(the default with -R 1) or -N prev");
     if (a->parity) return train_fail("-P fp32 over NCCL is not there yet");
     Nccl *c = (Nccl *)calloc(1, sizeof *c);
     if (!c) return train_fail("out of memory");
     t->nccl = c;
     c->rank = r; c->ranks = ranks; c->local = nccl_local_rank();
-    if (t->rule == CLIP_EST) t->rule = CLIP_PREV;   // release's default over NCCL, est not being there
     if (r > 0) a->verbose = 0;   // rank 0 prints
     if (cuda_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount")) return -1;
     if (devices < 1) return train_fail("NCCL: no GPU");
@@ -279,6 +284,9 @@ int nccl_open(Trainer *t) {
     }
     free(members); free(n); free(at);
     if (bad) return train_fail("out of memory");
+    if (t->rule == CLIP_EST &&
+        cuda_check(cudaMalloc((void **)&c->dev_partial, sizeof(double) * GPT2_CUDA_CLIP_PARTIALS * (size_t)(c->ranks + 1)), "cudaMalloc"))
+        return -1;
     size_t bytes = c->es * (size_t)(c->S * c->ranks);
     if (cuda_check(cudaMalloc(&c->G, bytes), "cudaMalloc of the gradient and weight exchange buffer") ||
         cuda_check(cudaMemset(c->G, 0, bytes), "cudaMemset") ||
@@ -380,6 +388,34 @@ static int weights_out(const Nccl *c, int g, cudaStream_t s) {
     return 0;
 }
 
+// The est rule's group g (backward's order) over the ranks, on stream s after the reduce-scatter: this
+// rank's partial sums of squares of its shards of the group (in the plain path's tensor order), every
+// rank's gathered, the group's sum and scale set where the optimizer reads it (cfg.gnorm_scale_at);
+// then the group's shards stepped. One rank gives the plain path's bits.
+static int est_group_step(Trainer *t, int g, float lr, cudaStream_t s) {
+    Nccl *c = t->nccl;
+    int plain[GPT2_NUM_PARAMS], ids[GPT2_NUM_PARAMS], k = 0;
+    void *grads[GPT2_NUM_PARAMS], *bufs[GPT2_NUM_PARAMS];
+    int64_t sizes[GPT2_NUM_PARAMS], n[GPT2_NUM_PARAMS];
+    int count = group_tensors(t, g, plain, grads, sizes);
+    for (int q = 0; q < count; q++) {
+        int j = plain[q], h = c->share_of[j];
+        if (h < 0) continue;
+        bufs[k] = group_buffer(c, c->group[j]) + c->es * (size_t)(c->at[j] + c->shares[h].offset);
+        n[k] = c->shares[h].count;
+        ids[k++] = h;
+    }
+    GPT2Cuda *m = t->gpu.model;
+    double *mine = c->dev_partial, *all = c->dev_partial + GPT2_CUDA_CLIP_PARTIALS;
+    if (gpt2_cuda_clip_partials(m, bufs, n, k, c->type == ncclBfloat16 ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32, mine, (struct CUstream_st *)s) ||
+        nccl_check(ncclAllGather(mine, all, GPT2_CUDA_CLIP_PARTIALS, ncclFloat64, c->comm, s), "ncclAllGather") ||
+        gpt2_cuda_clip_scale_parts(m, all, c->ranks, g, t->shares[g], t->a.grad_clip, t->a.accum, (struct CUstream_st *)s))
+        return train_fail("GPU clipping: %s", gpt2_cuda_last_error());
+    if (k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, 1.0f, (struct CUstream_st *)s))
+        return train_fail("optimizer step: %s", bnb8_last_error());
+    return 0;
+}
+
 // Gradient release: backward finished group g (model's stream `stream`). Its gradients leave the
 // shared slices on that stream, once the buffer's previous group has left the buffer; the exchange
 // stream reduce-scatters them, steps this rank's shards of the group (at scale: the previous step's
@@ -392,13 +428,14 @@ int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream
         cuda_check(cudaEventRecord(c->ready[b], s), "cudaEventRecord") ||
         cuda_check(cudaStreamWaitEvent(c->xs, c->ready[b], 0), "cudaStreamWaitEvent") || reduce_gradients(c, g, c->xs))
         return -1;
-    for (int j = 0; j < c->count; j++)
+    for (int j = 0; t->rule != CLIP_EST && j < c->count; j++)
         if (c->group[j] == g && c->share_of[j] >= 0) {
             if (k == GPT2_NUM_PARAMS) return train_fail("NCCL: group %d has more than %d tensors", g, GPT2_NUM_PARAMS);
             ids[k++] = c->share_of[j];
         }
-    if (k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, scale, (struct CUstream_st *)c->xs))
-        return train_fail("optimizer step: %s", bnb8_last_error());
+    if (t->rule == CLIP_EST ? est_group_step(t, g, lr, c->xs)
+                            : k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, scale, (struct CUstream_st *)c->xs))
+        return t->rule == CLIP_EST ? -1 : train_fail("optimizer step: %s", bnb8_last_error());
     if (weights_out(c, g, c->xs) || cuda_check(cudaEventRecord(c->done[b], c->xs), "cudaEventRecord")) return -1;
     return 0;
 }
@@ -478,13 +515,16 @@ int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
             *skipped = !isfinite(*norm);
             if (*skipped) return 0;   // every rank has the same norm: none steps, the weights stay
         }
-        if (bnb8_optimizer_step(t->opt, lr, step_scale(t->rule == CLIP_EXACT ? *norm : t->prev_norm, t->a.grad_clip, t->a.accum),
+        for (int g = 0; t->rule == CLIP_EST && g < t->model.config.num_layers + 2; g++)   // in backward's order
+            if (est_group_step(t, g, lr, s)) return -1;
+        if (t->rule != CLIP_EST &&
+            bnb8_optimizer_step(t->opt, lr, step_scale(t->rule == CLIP_EXACT ? *norm : t->prev_norm, t->a.grad_clip, t->a.accum),
                                 (struct CUstream_st *)s))
             return train_fail("optimizer step: %s", bnb8_last_error());
         if (weights_out(c, 0, s)) return -1;
         if (t->rule == CLIP_EXACT) return 0;
     }
-    return rank_order_norm(t, norm);
+    return t->rule == CLIP_EST ? 0 : rank_order_norm(t, norm);   // est: the trainer's est_finish forms the norm
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -654,6 +694,7 @@ void nccl_free(Trainer *t) {
     for (int b = 0; c->events && b < 2; b++) { cudaEventDestroy(c->ready[b]); cudaEventDestroy(c->done[b]); }
     if (c->events) cudaStreamDestroy(c->xs);
     if (c->dev_gather) cudaFree(c->dev_gather);
+    if (c->dev_partial) cudaFree(c->dev_partial);
     if (c->dev_loss) cudaFree(c->dev_loss);
     free(c->param); free(c->grad); free(c->n); free(c->at); free(c->shares); free(c->inputs); free(c->targets);
     free(c->share_of); free(c->group); free(c->group_S);

@@ -3,18 +3,19 @@
 # cheapest and most important first; a short table at the end. Ranks are launched in the background
 # with BNB8_RANKS / BNB8_RANK / BNB8_LOCAL_RANK (no mpirun on the device machines), NVLink multicast off.
 #   1. the one-rank tests (test_train_gpu, TEST_ONLY=NCCL): the NCCL path with one rank = the plain
-#      path bit for bit (-N prev and -N exact), one rank's checkpoints: stop + resume bit-exact,
+#      path bit for bit (-N prev, exact, est; with and without release), one rank's checkpoints: stop + resume bit-exact,
 #      fall back past a damaged or missing rank file, another number of ranks refused;
 #   then for N = 2 (and 4 when there are 4 GPUs):
 #   2. d12 flash 30 steps on N ranks against one GPU with -A N (the same global batch): both losses
 #      at step 30 and their gap (the reduction order differs: close, not equal);
 #   2b. gradient release over NCCL against none (-N prev -g 0): every loss equal with 2 ranks;
+#   2c. -N est over N ranks with release and without: the two losses at step 30 and the steps clipped;
 #   3. a checkpoint at step 10 resumed to 20 against 20 straight steps, on N ranks: every rank's
 #      optimizer file and the trainer state of step 20 equal byte for byte;
 #   4. that checkpoint resumed by another number of ranks: refused, the message printed;
 #   5. tokens/s of N = 1, 2 (, 4) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
 #      (rank 0's tokens/s, its share, over one GPU's);
-#   6. the largest model line: d72 flash + release (-N prev) with -C 1, B=1, 3 steps on all the GPUs (at
+#   6. the largest model line: d72 flash + release (-N est) with -C 1, B=1, 3 steps on all the GPUs (at
 #      most 4): memory per GPU. Parts 2-5 run without release (-R 0: -A N on one GPU needs it; -N exact).
 #
 #   bash dev/nccl_checks.sh            # builds with make, runs everything
@@ -83,6 +84,13 @@ for N in 2 4; do
     same=NO; [ -n "$a" ] && [ "$a" = "$b" ] && same=yes
     grep -a -h -E 'per GPU|[+] exchange' "$OUT/rel1_N$N.log.0" | head -n 2
     row "d12 flash 30 steps on $N ranks: release vs none (-g 0)" "every loss and norm equal: $same (at 30: $(loss_at "$OUT/rel1_N$N.log.0" 30) vs $(loss_at "$OUT/rel0_N$N.log.0" 30)) ($((SECONDS - t)) s)"
+    # 2c. -N est (clip 1) over N ranks, with release and without: close (the shards differ, so the
+    #     partial sums' order does), each clipped
+    t=$SECONDS
+    ranks "$N" "$OUT/est0_N$N.log" ${F/-R 0/-R 0 -N est -g 1} -n 30
+    ranks "$N" "$OUT/est1_N$N.log" ${F/-R 0/-R 1 -N est -g 1} -n 30
+    a=$(loss_at "$OUT/est0_N$N.log.0" 30); b=$(loss_at "$OUT/est1_N$N.log.0" 30)
+    row "d12 flash 30 steps on $N ranks, -N est: release vs none" "$b vs ${a:-?}, gap $(awk -v a="${a:-nan}" -v b="${b:-nan}" 'BEGIN { printf "%+.4f", b - a }'); clipped $(grep -a -c ' clipped' "$OUT/est1_N$N.log.0") / $(grep -a -c ' clipped' "$OUT/est0_N$N.log.0") ($((SECONDS - t)) s)"
     # 3. checkpoint at 10, resume to 20, against 20 straight steps
     t=$SECONDS
     rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
