@@ -113,7 +113,9 @@ void nccl_hint(void) {}
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-typedef struct { int j; int64_t offset, count; } Share;   // a shard this rank registered
+// A shard this rank registered: [offset, offset + count) of tensor j, and its place in its group's
+// buffer (the gradients the optimizer reads after the reduce-scatter; the weights before the all-gather).
+typedef struct { int j; int64_t offset, count; char *place; } Share;
 struct Nccl {
     int rank, ranks, local;
     ncclComm_t comm;
@@ -318,9 +320,10 @@ static cudaStream_t nccl_stream(const Trainer *t) {
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) {
     Nccl *c = t->nccl;
     if (!nccl_part(c->at[j], c->n[j], c->group_S[c->group[j]], c->rank, offset, count)) return 0;
-    *grad = group_buffer(c, c->group[j]) + c->es * (size_t)(c->at[j] + *offset);
+    char *place = group_buffer(c, c->group[j]) + c->es * (size_t)(c->at[j] + *offset);
+    *grad = place;
     c->share_of[j] = c->num_shares;
-    c->shares[c->num_shares++] = (Share){j, *offset, *count};
+    c->shares[c->num_shares++] = (Share){j, *offset, *count, place};
     return 1;
 }
 
@@ -373,9 +376,8 @@ static int weights_out(const Nccl *c, int g, cudaStream_t s) {
     size_t S = (size_t)c->group_S[g];
     for (int k = 0; k < c->num_shares; k++) {
         const Share *h = &c->shares[k];
-        size_t off = c->es * (size_t)h->offset;
         if (c->group[h->j] == g &&
-            cuda_check(cudaMemcpyAsync(X + c->es * (size_t)c->at[h->j] + off, (char *)c->param[h->j] + off, c->es * (size_t)h->count,
+            cuda_check(cudaMemcpyAsync(h->place, (char *)c->param[h->j] + c->es * (size_t)h->offset, c->es * (size_t)h->count,
                                        cudaMemcpyDeviceToDevice, s), "weight copy"))
             return -1;
     }
@@ -388,54 +390,51 @@ static int weights_out(const Nccl *c, int g, cudaStream_t s) {
     return 0;
 }
 
-// The est rule's group g (backward's order) over the ranks, on stream s after the reduce-scatter: this
-// rank's partial sums of squares of its shards of the group (in the plain path's tensor order), every
-// rank's gathered, the group's sum and scale set where the optimizer reads it (cfg.gnorm_scale_at);
-// then the group's shards stepped. One rank gives the plain path's bits.
-static int est_group_step(Trainer *t, int g, float lr, cudaStream_t s) {
+// Backward's group g (its order: the plain path's tensor order) stepped on stream s after the
+// reduce-scatter: this rank's shards of it, at scale; under the est rule at the group's own scale,
+// first formed over the ranks: each rank's partial sums of squares of its shards, every rank's
+// gathered, the group's sum and scale set where the optimizer reads it (cfg.gnorm_scale_at). One rank
+// gives the plain path's bits.
+static int group_step(Trainer *t, int g, float lr, float scale, cudaStream_t s) {
     Nccl *c = t->nccl;
     int plain[GPT2_NUM_PARAMS], ids[GPT2_NUM_PARAMS], k = 0;
     void *grads[GPT2_NUM_PARAMS], *bufs[GPT2_NUM_PARAMS];
     int64_t sizes[GPT2_NUM_PARAMS], n[GPT2_NUM_PARAMS];
     int count = group_tensors(t, g, plain, grads, sizes);
     for (int q = 0; q < count; q++) {
-        int j = plain[q], h = c->share_of[j];
+        int h = c->share_of[plain[q]];
         if (h < 0) continue;
-        bufs[k] = group_buffer(c, c->group[j]) + c->es * (size_t)(c->at[j] + c->shares[h].offset);
+        bufs[k] = c->shares[h].place;
         n[k] = c->shares[h].count;
         ids[k++] = h;
     }
-    GPT2Cuda *m = t->gpu.model;
-    double *mine = c->dev_partial, *all = c->dev_partial + GPT2_CUDA_CLIP_PARTIALS;
-    if (gpt2_cuda_clip_partials(m, bufs, n, k, c->type == ncclBfloat16 ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32, mine, (struct CUstream_st *)s) ||
-        nccl_check(ncclAllGather(mine, all, GPT2_CUDA_CLIP_PARTIALS, ncclFloat64, c->comm, s), "ncclAllGather") ||
-        gpt2_cuda_clip_scale_parts(m, all, c->ranks, g, t->shares[g], t->a.grad_clip, t->a.accum, (struct CUstream_st *)s))
-        return train_fail("GPU clipping: %s", gpt2_cuda_last_error());
-    if (k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, 1.0f, (struct CUstream_st *)s))
+    if (t->rule == CLIP_EST) {
+        GPT2Cuda *m = t->gpu.model;
+        double *mine = c->dev_partial, *all = c->dev_partial + GPT2_CUDA_CLIP_PARTIALS;
+        if (gpt2_cuda_clip_partials(m, bufs, n, k, c->type == ncclBfloat16 ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32, mine, (struct CUstream_st *)s) ||
+            nccl_check(ncclAllGather(mine, all, GPT2_CUDA_CLIP_PARTIALS, ncclFloat64, c->comm, s), "ncclAllGather") ||
+            gpt2_cuda_clip_scale_parts(m, all, c->ranks, g, t->shares[g], t->a.grad_clip, t->a.accum, (struct CUstream_st *)s))
+            return train_fail("GPU clipping: %s", gpt2_cuda_last_error());
+        scale = 1.0f;   // the optimizer reads the group's scale where it lies
+    }
+    if (k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, scale, (struct CUstream_st *)s))
         return train_fail("optimizer step: %s", bnb8_last_error());
     return 0;
 }
 
 // Gradient release: backward finished group g (model's stream `stream`). Its gradients leave the
 // shared slices on that stream, once the buffer's previous group has left the buffer; the exchange
-// stream reduce-scatters them, steps this rank's shards of the group (at scale: the previous step's
-// clip), and gathers the weights back into the model.
+// stream reduce-scatters them, steps this rank's shards of the group (group_step: at scale, the
+// previous step's clip, or est's), and gathers the weights back into the model.
 int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream) {
     Nccl *c = t->nccl;
     cudaStream_t s = (cudaStream_t)stream;
-    int b = g % 2, ids[GPT2_NUM_PARAMS], k = 0;
+    int b = g % 2;
     if (cuda_check(cudaStreamWaitEvent(s, c->done[b], 0), "cudaStreamWaitEvent") || gradients_in(c, g, s) ||
         cuda_check(cudaEventRecord(c->ready[b], s), "cudaEventRecord") ||
-        cuda_check(cudaStreamWaitEvent(c->xs, c->ready[b], 0), "cudaStreamWaitEvent") || reduce_gradients(c, g, c->xs))
+        cuda_check(cudaStreamWaitEvent(c->xs, c->ready[b], 0), "cudaStreamWaitEvent") || reduce_gradients(c, g, c->xs) ||
+        group_step(t, g, lr, scale, c->xs))
         return -1;
-    for (int j = 0; t->rule != CLIP_EST && j < c->count; j++)
-        if (c->group[j] == g && c->share_of[j] >= 0) {
-            if (k == GPT2_NUM_PARAMS) return train_fail("NCCL: group %d has more than %d tensors", g, GPT2_NUM_PARAMS);
-            ids[k++] = c->share_of[j];
-        }
-    if (t->rule == CLIP_EST ? est_group_step(t, g, lr, c->xs)
-                            : k && bnb8_optimizer_step_tensors(t->opt, ids, k, lr, scale, (struct CUstream_st *)c->xs))
-        return t->rule == CLIP_EST ? -1 : train_fail("optimizer step: %s", bnb8_last_error());
     if (weights_out(c, g, c->xs) || cuda_check(cudaEventRecord(c->done[b], c->xs), "cudaEventRecord")) return -1;
     return 0;
 }
@@ -485,7 +484,7 @@ static int exact_norm(Trainer *t, double *norm) {
     double mine = 0.0;
     int bad = !bufs || !n ? train_fail("out of memory") : 0;
     for (int k = 0; !bad && k < c->num_shares; k++) {
-        bufs[k] = group_buffer(c, 0) + c->es * (size_t)(c->at[c->shares[k].j] + c->shares[k].offset);
+        bufs[k] = c->shares[k].place;
         n[k] = c->shares[k].count;
     }
     if (!bad && gpt2_cuda_sum_squares(t->gpu.model, bufs, n, c->num_shares, c->type == ncclBfloat16 ? GPT2_CUDA_BF16 : GPT2_CUDA_FP32, &mine))
@@ -516,7 +515,7 @@ int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
             if (*skipped) return 0;   // every rank has the same norm: none steps, the weights stay
         }
         for (int g = 0; t->rule == CLIP_EST && g < t->model.config.num_layers + 2; g++)   // in backward's order
-            if (est_group_step(t, g, lr, s)) return -1;
+            if (group_step(t, g, lr, 1.0f, s)) return -1;
         if (t->rule != CLIP_EST &&
             bnb8_optimizer_step(t->opt, lr, step_scale(t->rule == CLIP_EXACT ? *norm : t->prev_norm, t->a.grad_clip, t->a.accum),
                                 (struct CUstream_st *)s))
