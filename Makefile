@@ -103,6 +103,7 @@ test-full: info $(BUILD)/test_cpu
 # optimizer state, checkpoint directory. Each harness writes its seeds with the library's and the
 # trainer's own writers, then runs FUZZ_SECONDS; FUZZ="model tokens" picks some. Corpora grow in
 # $(BUILD)/fuzz/corpus_NAME, logs in $(BUILD)/fuzz/NAME.log, a crashing input lands in $(BUILD)/fuzz/.
+# dev/fuzz/regress/NAME/ holds the inputs that once crashed a harness: each run reads them first.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_NAMES   := model tokens tokenizer optim_state checkpoint
@@ -123,7 +124,7 @@ fuzz: $(addprefix $(BUILD)/fuzz/fuzz_,$(FUZZ))
 	    FUZZ_WRITE_SEEDS=$(BUILD)/fuzz/seeds_$$h ./$(BUILD)/fuzz/fuzz_$$h || exit 1; \
 	    if ./$(BUILD)/fuzz/fuzz_$$h -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=2048 \
 	        -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/ $(BUILD)/fuzz/corpus_$$h \
-	        $(BUILD)/fuzz/seeds_$$h > $(BUILD)/fuzz/$$h.log 2>&1; then \
+	        $(BUILD)/fuzz/seeds_$$h $$(ls -d dev/fuzz/regress/$$h 2>/dev/null) > $(BUILD)/fuzz/$$h.log 2>&1; then \
 	        echo "fuzz $$h: $$(grep -o 'Done [0-9]* runs in [0-9]* second(s)' $(BUILD)/fuzz/$$h.log)," \
 	             "$$(grep -E '(DONE|pulse|NEW|REDUCE) +cov' $(BUILD)/fuzz/$$h.log | tail -n1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+')"; \
 	    else tail -n 40 $(BUILD)/fuzz/$$h.log; echo "fuzz $$h: FAILED (log $(BUILD)/fuzz/$$h.log)"; exit 1; fi; \

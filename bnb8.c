@@ -1508,7 +1508,8 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
         // rebuilt from an fp32 master
         size_t restored = bnb8_restored_weight_bytes(t, version), at = bnb8_weights_offset(t);
         size_t staged_bytes = restored ? at + restored : t->memory_bytes;
-        if (staged_bytes && !(staged[i] = malloc(staged_bytes))) { status = bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); break; }
+        // at least a byte: a record with no state and no weights still gets a place to read zero bytes into
+        if (!(staged[i] = malloc(staged_bytes ? staged_bytes : 1))) { status = bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); break; }
         uint32_t record_crc = 0;
         if (!bnb8_read(f, staged[i], t->memory_bytes, &crc) || !bnb8_read(f, (uint8_t *)staged[i] + at, file_weights, &crc) ||
             (record_crc = crc, !bnb8_read(f, &stored_crc, 4, &crc))) {

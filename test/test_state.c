@@ -998,6 +998,31 @@ static void golden_check(const char *name, bnb8_optimizer *run, bnb8_optimizer *
     remove(path); remove(today);
 }
 
+// A version 1 file of a tensor with no state (SGD without momentum) and fp32 weights holds an empty
+// record (version 1 kept no weights beside no master): it loads, and the weights stay as they are.
+// The ASan + UBSan suite checks the empty record's staging (CI's fuzz found pointer arithmetic on NULL).
+static void test_old_empty_record(void) {
+    bnb8_config c = bnb8_config_default(BNB8_SGD);
+    c.momentum = 0.0f;
+    float w[40], g[40], before[40];
+    for (int i = 0; i < 40; i++) { w[i] = 0.01f * (float)i; g[i] = 0.5f; }
+    bnb8_optimizer *opt = NULL;
+    char path[128];
+    snprintf(path, sizeof path, "%s/empty_v1.bin", dir);
+    EXPECT(bnb8_optimizer_create(&opt, BNB8_SGD, &c) == 0 && bnb8_optimizer_add(opt, "w", w, BNB8_F32, g, BNB8_F32, 40, NULL) == 0 &&
+           bnb8_optimizer_step(opt, 0.1f, 1.0f, NULL) == 0 && bnb8_optimizer_save(opt, path) == 0, "%s", bnb8_last_error());
+    size_t size = 0;
+    uint8_t *v2 = test_slurp(path, &size), *v1 = v2 ? test_state_file_v1(v2, size, &size) : NULL;
+    FILE *f = v1 ? fopen(path, "wb") : NULL;
+    EXPECT(f && fwrite(v1, 1, size, f) == size && fclose(f) == 0, "cannot write the version 1 file %s", path);
+    memcpy(before, w, sizeof w);
+    EXPECT(bnb8_optimizer_load(opt, path) == 0, "a version 1 file with an empty record: %s", bnb8_last_error());
+    EXPECT(memcmp(before, w, sizeof w) == 0 && bnb8_optimizer_steps(opt, 0) == 1, "the load changed the weights or the step count");
+    bnb8_optimizer_free(opt);
+    free(v2); free(v1);
+    remove(path);
+}
+
 static void test_old_file(void) {
     static float pa[5000], ga[5000];
     static uint16_t pb[300], gb[300];
@@ -1077,6 +1102,7 @@ void tests_state(void) {
     test_run("state: a finite gradient's non-finite result is counted and kept out (P13)", test_nonfinite_results);
     test_run("state: linear map and one absmax per tensor: resume, records, sizes", test_ablation_files);
     test_run("state: a version 1 file (before those options and the weights) loads and is rewritten", test_old_file);
+    test_run("state: a version 1 file with an empty record (no state, no weights) loads", test_old_empty_record);
     test_run("state: version 1 flash records with bf16, fp16, fp32 scales from before e6m10 load and are rewritten", test_old_flash_file);
     rmdir(dir);
 }
