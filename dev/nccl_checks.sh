@@ -128,7 +128,7 @@ for d in d12 d24; do
         [ "$N" -gt "$NG" ] && break
         ranks "$N" "$OUT/scale_${d}_$N.log" -e $d $S
         r0=$(speed "$OUT/scale_${d}_$N.log.0")
-        line+=$(awk -v n="$N" -v r="${r0:-0}" -v o="${one:-0}" 'BEGIN { printf "; %d GPUs %.0f tok/s (%.1f%% per GPU)", n, n * r, o > 0 ? 100 * r / o : 0 }')
+        line+=$(awk -v n="$N" -v r="${r0:-0}" -v o="${one:-0}" 'BEGIN { printf "; %d GPUs %.0f tok/s (%.1f%% per GPU)", n, n * r, (o > 0 ? 100 * r / o : 0) }')
     done
     row "tokens/s $d B=16 T=1024 20 steps" "$line ($((SECONDS - t)) s)"
 done
