@@ -517,7 +517,7 @@ int main(void) {
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
     test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2 and -N exact", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);
-    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit, -N prev and exact (P15)", test_nccl_one_rank);
+    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit, -N prev, exact and est (P15)", test_nccl_one_rank);
     test_run("trainer: NCCL checkpoints, one rank: stop and resume bit-exact, fall back, another N refused (P15)", test_nccl_resume);
     test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
     return test_summary();

@@ -12,17 +12,17 @@
 # clip_results.py prints the tables and writes CLIP_RESULTS.md and the plots (gnuplot) from every log.
 # On the CPU (DEVICE=cpu, a small MODEL) the prev and est runs have no release (-R 0), which trains the
 # same bits (test/test_train_gpu.c's clip test).
-# Settings: TRAINER STEPS LR SEEDS GPUS DEVICE MODEL B T OUT BUDGET RUN_EST EXP_COMMIT (defaults below).
+# Settings: TRAINER STEPS LR SEEDS GPUS DEVICE MODEL B T CLIP_LOGS BUDGET RUN_EST EXP_COMMIT (defaults below).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 TRAIN.bin [VAL.bin]" >&2; exit 2; }
 train=$1; val=${2:-${1/train/val}}
 : "${TRAINER:=build/train_gpt2_8bit_cuda}" "${STEPS:=1500}" "${LR:=6e-4}" "${SEEDS:=1337 1 2}" "${GPUS:=0 1}"
-: "${DEVICE:=gpu}" "${MODEL:=d12}" "${B:=8}" "${T:=128}" "${OUT:=dev/experiments/clip_release_logs}" "${BUDGET:=}"
+: "${DEVICE:=gpu}" "${MODEL:=d12}" "${B:=8}" "${T:=128}" "${CLIP_LOGS:=dev/experiments/clip_release_logs}" "${BUDGET:=}"
 # seconds a run takes with 3-4 at a time on one H100 (d12 at B=8, T=128: 18 s exact, 35-46 s with release)
 case $MODEL in d12) : "${RUN_EST:=50}" ;; *) : "${RUN_EST:=150}" ;; esac
 T0=$(date +%s)
-mkdir -p "$OUT"
+mkdir -p "$CLIP_LOGS"
 rel="-R 1"; [ "$DEVICE" = gpu ] || rel="-R 0"
 runs=()
 for s in $SEEDS; do
@@ -31,7 +31,7 @@ for s in $SEEDS; do
 done
 common="-D $DEVICE -e $MODEL -r flash -p adamw -b $B -t $T -n $STEPS -l $LR -u 100 -q 0.1 -v 250 -m 20 -G 0 -s 0"
 run_one() {   # name flags seed gpu
-    local log="$OUT/${1}_${MODEL}_lr${LR}_s$3.log" limit=()
+    local log="$CLIP_LOGS/${1}_${MODEL}_lr${LR}_s$3.log" limit=()
     if grep -q '^speed' "$log" 2>/dev/null; then return 0; fi
     if [ -n "$BUDGET" ]; then
         local left=$((T0 + BUDGET - $(date +%s)))
@@ -53,4 +53,4 @@ for g in "${!gpus[@]}"; do
       done ) &
 done
 wait
-python3 dev/experiments/clip_results.py "$OUT" --print
+python3 dev/experiments/clip_results.py "$CLIP_LOGS" --print

@@ -31,6 +31,8 @@ ABOUT = {'exact': 'exact clipping without release (`-R 0 -N exact -g 1`): the re
 COLORS = {'exact': '#000000', 'prev_release': '#1f77b4', 'noclip_release': '#d62728', 'est_release': '#2ca02c'}
 NAME = re.compile(r'^(\w+?)_(d\d+\w*)_lr([^_]+)_s(\d+)$')
 CLIPPED = re.compile(r'^clip\s.*: (\d+) of (\d+) steps clipped', re.M)
+RECORD = re.compile(r'^(\w+) (\d+)x(\d+) round (\d+): speed\s+(\d+) tokens/s', re.M)   # release_cost.sh's stdout
+COST_FLAGS = {'exact': '-R 0 -N exact -g 1', 'noclip_release': '-R 1 -g 0', 'prev_release': '-R 1 -N prev -g 1'}   # as release_cost.sh runs them
 SMOOTH = 50   # steps in the train-loss mean of the plot
 
 
@@ -191,7 +193,16 @@ def cost_table():
         r = parse(path)
         if r['complete']:
             rule, shape = r['name'].rsplit('_r', 1)[0].rsplit('_', 1)
+            r['round'] = int(r['name'].rsplit('_r', 1)[1])
             rows.setdefault(shape, {}).setdefault(rule, []).append(r)
+    # the script's own record (its stdout, *.txt) of runs whose log did not come back: their speed only
+    for path in sorted(glob.glob(os.path.join(COST, '*.txt'))):
+        for m in RECORD.finditer(open(path, errors='replace').read()):
+            rule, shape, rnd = m[1], f'b{m[2]}t{m[3]}', int(m[4])
+            logged = {r['round'] for r in rows.get(shape, {}).get(rule, [])}
+            if rnd not in logged:
+                rows.setdefault(shape, {}).setdefault(rule, []).append(
+                    {'round': rnd, 'speed': float(m[5]), 'flags': {'-b': m[2], '-t': m[3]}, 'bpp': None, 'scratch': 0, 'mem': None})
     if not rows:
         return None, []
     order = ['exact', 'noclip_release', 'prev_release', 'est_release']
@@ -201,17 +212,18 @@ def cost_table():
         by = rows[shape]
         base = statistics.median(r['speed'] for r in by['exact']) if 'exact' in by else None
         for n in [n for n in order if n in by] + sorted(n for n in by if n not in order):
-            rs = by[n]
+            rs = sorted(by[n], key=lambda r: r['round'])
+            logged = [r for r in rs if 'name' in r] or rs
             med = statistics.median(r['speed'] for r in rs)
-            f = rs[0]['flags']
-            flags = ' '.join(f'{k} {f[k]}' for k in ('-R', '-N', '-g') if k in f)
-            b = rs[0]['bpp']
+            f = logged[0]['flags']
+            flags = ' '.join(f'{k} {f[k]}' for k in ('-R', '-N', '-g') if k in f) or COST_FLAGS.get(n, '?')
+            b = logged[0]['bpp']
             md.append(f"| B={f.get('-b', '?')}, T={f.get('-t', '?')} | {n} | `{flags}` | " +
                       ' / '.join(f"{r['speed']:.0f}" for r in rs) + f' | {med:.0f} | ' +
                       (f'{100 * (med / base - 1):+.1f}%' if base else '—') + ' | ' +
-                      ('—' if b is None else f'{b:.3f}' + (f" (+ {rs[0]['scratch']:.3f} scratch)" if rs[0]['scratch'] else '')) +
-                      ' | ' + (f"{rs[0]['mem'] / 1e9:.2f} GB" if rs[0]['mem'] else '—') + ' |')
-    every = [r for by in rows.values() for rs in by.values() for r in rs]
+                      ('—' if b is None else f'{b:.3f}' + (f" (+ {logged[0]['scratch']:.3f} scratch)" if logged[0]['scratch'] else '')) +
+                      ' | ' + (f"{logged[0]['mem'] / 1e9:.2f} GB" if logged[0]['mem'] else '—') + ' |')
+    every = [r for by in rows.values() for rs in by.values() for r in rs if 'name' in r]
     return where(every), md
 
 

@@ -5,15 +5,15 @@
 # evaluation: exact clipping without release (-R 0 -N exact -g 1), release
 # unclipped (-R 1 -g 0), release clipped with the previous step's norm (-R 1 -N prev -g 1) and with
 # this step's norm estimated layer by layer (-R 1 -N est -g 1). ROUNDS rounds, the four in turn in
-# each, so that a drift of the GPU's clock touches every rule alike. Logs: OUT/<rule>_b<B>t<T>_r<round>.log (a
+# each, so that a drift of the GPU's clock touches every rule alike. Logs: COST_LOGS/<rule>_b<B>t<T>_r<round>.log (a
 # complete one is kept); clip_results.py's cost table (CLIP_RESULTS.md) takes the median of the rounds.
-# Settings: TRAINER SHAPES ROUNDS GPU OUT EXP_COMMIT, FLAGS (more trainer flags, last: they win).
+# Settings: TRAINER SHAPES ROUNDS GPU COST_LOGS EXP_COMMIT, FLAGS (more trainer flags, last: they win).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 TRAIN.bin [VAL.bin]" >&2; exit 2; }
 train=$1; val=${2:-${1/train/val}}
-: "${TRAINER:=build/train_gpt2_8bit_cuda}" "${SHAPES:=16x1024x150 8x128x600}" "${ROUNDS:=3}" "${GPU:=0}" "${OUT:=dev/experiments/release_cost_logs}" "${FLAGS:=}"
-mkdir -p "$OUT"
+: "${TRAINER:=build/train_gpt2_8bit_cuda}" "${SHAPES:=16x1024x150 8x128x600}" "${ROUNDS:=3}" "${GPU:=0}" "${COST_LOGS:=dev/experiments/release_cost_logs}" "${FLAGS:=}"
+mkdir -p "$COST_LOGS"
 rules=("exact|-R 0 -N exact -g 1" "noclip_release|-R 1 -g 0" "prev_release|-R 1 -N prev -g 1" "est_release|-R 1 -N est -g 1")
 for ((r = 1; r <= ROUNDS; r++)); do
   for shape in $SHAPES; do
@@ -21,7 +21,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     common="-D gpu -e d12 -r flash -p adamw -b $b -t $t -n $n -l 6e-4 -u 20 -q 0.1 -v 0 -G 0 -s 0 -d 1337"
     for x in "${rules[@]}"; do
         IFS='|' read -r name flags <<< "$x"
-        log=$OUT/${name}_b${b}t${t}_r$r.log
+        log=$COST_LOGS/${name}_b${b}t${t}_r$r.log
         if grep -q '^speed' "$log" 2>/dev/null; then continue; fi
         # shellcheck disable=SC2086   # common and flags are split into words on purpose
         { echo "# cmd $TRAINER -i $train -j $val $common $flags $FLAGS"
@@ -32,4 +32,4 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
   done
 done
-python3 dev/experiments/clip_results.py "$(dirname "$OUT")/clip_release_logs" --print
+python3 dev/experiments/clip_results.py "$(dirname "$COST_LOGS")/clip_release_logs" --print
