@@ -1094,8 +1094,25 @@ static int gpu_logits(Trainer *t, const int *tokens, int64_t n, float **logits) 
     return 0;
 }
 
+// Over NCCL each rank drops its host fp32 copy of the weights once the GPU model and the optimizer hold
+// them (trainer_open_before): 8 ranks of a 30e9 model would hold 8 x 120 GB. What needs one again (the
+// final weights of a single rank) gets a fresh one here.
+static void host_weights_drop(GPT2 *m) {
+    free(m->params_memory);
+    m->params_memory = NULL;
+    memset(&m->params, 0, sizeof m->params);
+}
+static int host_weights_back(GPT2 *m) {
+    if (m->params_memory) return 0;
+    if (!(m->params_memory = (float *)calloc((size_t)m->num_parameters, sizeof(float))))
+        return train_fail("out of memory for the host copy of %lld weights", (long long)m->num_parameters);
+    gpt2_point_params(&m->params, m->params_memory, m->param_sizes);
+    return 0;
+}
+
 // Into the host copy of the weights: bf16 ones' masters (decoded, or the fp32 master), fp32 ones copied.
 static int gpu_masters(Trainer *t, float **out) {
+    if (host_weights_back(&t->model)) return -1;
     *out = t->model.params_memory;
     if (t->nccl && bnb8_optimizer_memory(t->opt, 0).params != t->model.num_parameters)
         return train_fail("the fp32 masters of several ranks' shards (-X, the final weights): not there yet over NCCL");
@@ -1428,7 +1445,16 @@ static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
     if (!t->a.out_dir) t->a.out_dir = "";
     if (!t->a.export_path) t->a.export_path = "";
     t->rng.s = a->seed;
-    if (check_settings(t) || open_model(t) || open_data(t) || t->dev->open(t)) return -1;
+    if (check_settings(t)) return -1;
+    // Over NCCL the ranks open in turns, each dropping its host copy of the weights at the end of its
+    // turn: one host holds one fp32 copy at a time. A rank that fails waits out the turns (nccl_agree).
+    int rank = 0, ranks = nccl_ranks(t, &rank), status = 0;
+    for (int r = 0; r < (ranks ? ranks : 1); r++) {
+        if (r == rank) status = open_model(t) || open_data(t) || t->dev->open(t);
+        if (r == rank && !status && t->nccl) host_weights_drop(&t->model);
+        if (t->nccl && nccl_barrier(t)) return -1;
+    }
+    if (status) return -1;
     if (t->start > 0) {
         t->loader.position = t->resumed.position;
         t->rng.s = t->resumed.rng;
@@ -1620,13 +1646,14 @@ static void print_banner(Trainer *t) {
     fflush(stdout);
 }
 
-static double peak_resident_bytes(void) {   // of the process (Linux /proc), or -1
+// The process's resident memory (Linux /proc): field "VmHWM:" the peak, "VmRSS:" now; or -1.
+static double resident_bytes(const char *field) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return -1.0;
     char line[256];
     double kb = -1.0;
     while (fgets(line, sizeof line, f))
-        if (strncmp(line, "VmHWM:", 6) == 0) kb = atof(line + 6);
+        if (strncmp(line, field, strlen(field)) == 0) kb = atof(line + strlen(field));
     fclose(f);
     return kb < 0 ? -1.0 : kb * 1024.0;
 }
@@ -1806,8 +1833,10 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
     const TrainArgs *a = &t->a;
     printf("\n==== report ====\n");
     print_memory(t);
-    double peak = peak_resident_bytes();
-    if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); printf("\n"); }
+    double peak = resident_bytes("VmHWM:"), now = resident_bytes("VmRSS:");
+    if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); }
+    if (peak > 0 && now > 0) { printf(", now (VmRSS): "); print_bytes(now); }   // over NCCL: without the host weights
+    if (peak > 0) printf("\n");
     printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s, after the first step)\n", res->tokens_per_second,
            (long long)pr->trained, (long long)(a->B * a->T * a->accum), pr->train_time);
     if (t->end > t->start)

@@ -105,6 +105,7 @@ int nccl_ranks(const Trainer *t, int *rank) { (void)t; if (rank) *rank = 0; retu
 int nccl_agree(Trainer *t, int status) { (void)t; return status; }
 int nccl_gather_weights(Trainer *t) { (void)t; return train_fail("built without NCCL"); }
 int nccl_masters(Trainer *t, char *where, size_t size) { (void)t; (void)where; (void)size; return train_fail("built without NCCL"); }
+int nccl_barrier(Trainer *t) { (void)t; return 0; }
 int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own) {
     (void)t; (void)s; (void)bytes; (void)own; return train_fail("built without NCCL");
 }
@@ -580,24 +581,40 @@ int nccl_agree(Trainer *t, int status) {
 int nccl_masters(Trainer *t, char *where, size_t size) {
     Nccl *c = t->nccl;
     const GPT2 *m = &t->model;
+    int64_t most = 1;
+    for (int k = 0; k < c->num_shares; k++) if (c->shares[k].count > most) most = c->shares[k].count;
+    float *out = (float *)malloc(sizeof(float) * (size_t)most);   // one share at a time: the host holds no model
+    if (!out) return train_fail("out of memory");
     where[0] = 0;
     for (int k = 0; k < c->num_shares; k++) {   // share k is the optimizer's tensor k
         const Share *h = &c->shares[k];
         int i = 0;
-        int64_t j = h->j, slices = 1, base = 0;   // tensor j of the plain numbering: slice j of parameter i
-        for (; i < GPT2_NUM_PARAMS; base += m->param_sizes[i], i++) {
+        int64_t j = h->j, slices = 1;   // tensor j of the plain numbering: slice j of parameter i
+        for (; i < GPT2_NUM_PARAMS; i++) {
             slices = m->param_sizes[i] ? tensor_slices(t, i) : 0;
             if (j < slices) break;
             j -= slices;
         }
         int64_t first = j * (m->param_sizes[i] / slices) + h->offset;   // in the whole tensor
-        float *out = m->params_memory + base + first;
-        if (bnb8_optimizer_export_fp32(t->opt, k, out)) return train_fail("export of '%s': %s", gpt2_param_names[i], bnb8_last_error());
+        if (bnb8_optimizer_export_fp32(t->opt, k, out)) {
+            free(out);
+            return train_fail("export of '%s': %s", gpt2_param_names[i], bnb8_last_error());
+        }
         for (int64_t e = 0; !where[0] && e < h->count; e++)
             if (!isfinite(out[e]))
                 snprintf(where, size, "tensor '%s' element %lld is %g", gpt2_param_names[i], (long long)(first + e), (double)out[e]);
     }
+    free(out);
     return 0;
+}
+
+// Every rank has come here (trainer_open's turns).
+int nccl_barrier(Trainer *t) {
+    Nccl *c = t->nccl;
+    double mine = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
+    int status = all ? nccl_gather(c, &mine, 1, all, nccl_stream(t)) : train_fail("out of memory");
+    free(all);
+    return status;
 }
 
 static int nothing_writer(FILE *f, const void *ctx) { (void)f; (void)ctx; return 0; }

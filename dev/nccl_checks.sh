@@ -138,7 +138,7 @@ if on largest; then
 t=$SECONDS
 timeout 200 bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/d72_N$NG.log' -e d72 -r flash -R 1 -C 1 -b 1 -t 1024 -n 3 -v 0 -G 0 -w 0 -l 3e-4"
 rc=$?
-grep -a -h -E 'per GPU|[+] exchange|device memory|measured|^loss|^error' "$OUT/d72_N$NG.log.0" | head -n 8
+grep -a -h -E 'per GPU|[+] exchange|device memory|measured|resident|^loss|^error' "$OUT/d72_N$NG.log.0" | tail -n 8
 row "d72 (7.3e9) flash + release -C 1 B=1 on $NG GPUs, 3 steps" "exit $rc, loss $(loss_at "$OUT/d72_N$NG.log.0" 3) ($((SECONDS - t)) s)"
 fi
 
