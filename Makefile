@@ -203,7 +203,7 @@ $(BUILD)/libbnb8_shim.so: dev/bench/peers/bnb8_shim.c bnb8.c bnb8_cuda.cu bnb8.h
 # The GPU GPT-2 model (gpt2_cuda.cu, cuBLASLt) and its device test against the trainer's CPU model
 # (test/gpt2_cpu_ref.c: gpt2_cpu.h behind plain C calls, linked with gpt2_cpu.o and gpt2_data.o).
 $(BUILD)/gpt2_cuda.o: gpt2_cuda.cu gpt2_cuda.h gpt2.h bnb8.h | $(BUILD)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(if $(OPENMP),-Xcompiler -fopenmp) -c $< -o $@
 
 $(BUILD)/gpt2_cpu_ref.o: test/gpt2_cpu_ref.c test/gpt2_cpu_ref.h $(TRAIN_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@

@@ -5,7 +5,7 @@
 #   1. the one-rank tests (test_train_gpu, TEST_ONLY=NCCL): the NCCL path with one rank = the plain
 #      path bit for bit (-N prev, exact, est; with and without release), one rank's checkpoints: stop + resume bit-exact,
 #      fall back past a damaged or missing rank file, another number of ranks refused;
-#   then for N = 2 (and 4 when there are 4 GPUs):
+#   then for N = 2 (and 4, 8 when there are that many GPUs):
 #   2. d12 flash 30 steps on N ranks against one GPU with -A N (the same global batch): both losses
 #      at step 30 and their gap (the reduction order differs: close, not equal);
 #   2b. gradient release over NCCL against none (-N prev -g 0): every loss equal with 2 ranks;
@@ -13,10 +13,13 @@
 #   3. a checkpoint at step 10 resumed to 20 against 20 straight steps, on N ranks: every rank's
 #      optimizer file and the trainer state of step 20 equal byte for byte;
 #   4. that checkpoint resumed by another number of ranks: refused, the message printed;
-#   5. tokens/s of N = 1, 2 (, 4) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
+#   5. tokens/s of N = 1, 2 (, 4, 8) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
 #      (rank 0's tokens/s, its share, over one GPU's);
-#   6. the largest model line: d72 flash + release (-N est) with -C 1, B=1, 3 steps on all the GPUs (at
-#      most 4): memory per GPU. Parts 2-5 run without release (-R 0: -A N on one GPU needs it; -N exact).
+#   6. the largest model line, flash + release (-N est) with -C 1, B=1 on all the GPUs: memory per GPU
+#      and of the host. Up to 4 GPUs d72 (7.3e9), 3 steps; on 8, 10 steps of d64c6400 (31.8e9) where a
+#      GPU holds 120 GB or more (H200), else d56c6400 (27.9e9). Parts 2-5 run without release (-R 0:
+#      -A N on one GPU needs it; -N exact). On 8 GPUs the parts take more than one call of 10 minutes:
+#      CHECKS="one ranks", then "scale", then "largest".
 #
 #   bash dev/nccl_checks.sh            # builds with make, runs everything
 #   NG=2 bash dev/nccl_checks.sh       # only 2 GPUs of the machine
@@ -35,7 +38,7 @@ grep -q 'NCCL *yes' "$OUT/make.log" || make info 2>/dev/null | grep NCCL
 TRAIN=build/train_gpt2_8bit_cuda
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
 NG=${NG:-$GPUS}
-[ "$NG" -gt 4 ] && NG=4
+[ "$NG" -gt 8 ] && NG=8
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1
 echo "build: $((SECONDS - T0)) s; $GPUS GPUs, using up to $NG"
 table=""
@@ -66,7 +69,7 @@ row "one-rank tests (test_train_gpu, TEST_ONLY=NCCL)" "$(tail -n 1 "$OUT/one_ran
 fi
 
 F="-e d12 -r flash -R 0 -b 8 -t 1024 -v 0 -G 0 -u 5 -w 0"
-for N in 2 4; do
+for N in 2 4 8; do
     { [ "$N" -gt "$NG" ] || ! on ranks; } && break
     # 2. N ranks vs one GPU with -A N
     t=$SECONDS
@@ -124,7 +127,7 @@ for d in d12 d24; do
     "$TRAIN" -e $d $S > "$OUT/scale_${d}_1.log" 2>&1
     one=$(speed "$OUT/scale_${d}_1.log")
     line="1 GPU ${one:-?} tok/s"
-    for N in 2 4; do
+    for N in 2 4 8; do
         [ "$N" -gt "$NG" ] && break
         ranks "$N" "$OUT/scale_${d}_$N.log" -e $d $S
         r0=$(speed "$OUT/scale_${d}_$N.log.0")
@@ -136,10 +139,16 @@ done
 # 6. the largest model line
 if on largest; then
 t=$SECONDS
-timeout 200 bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/d72_N$NG.log' -e d72 -r flash -R 1 -C 1 -b 1 -t 1024 -n 3 -v 0 -G 0 -w 0 -l 3e-4"
+mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+big=d72; steps=3; limit=200
+if [ "$NG" -ge 8 ]; then
+    steps=10; limit=540; big=d56c6400
+    [ "${mib:-0}" -ge 120000 ] && big=d64c6400
+fi
+timeout $limit bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/largest_N$NG.log' -e $big -r flash -R 1 -C 1 -b 1 -t 1024 -n $steps -v 0 -G 0 -w 0 -l 3e-4"
 rc=$?
-grep -a -h -E 'per GPU|[+] exchange|device memory|measured|resident|^loss|^error' "$OUT/d72_N$NG.log.0" | tail -n 8
-row "d72 (7.3e9) flash + release -C 1 B=1 on $NG GPUs, 3 steps" "exit $rc, loss $(loss_at "$OUT/d72_N$NG.log.0" 3) ($((SECONDS - t)) s)"
+grep -a -h -E '^model|per GPU|[+] exchange|device memory|measured|resident|^loss|^error' "$OUT/largest_N$NG.log.0" | tail -n 9
+row "$big flash + release -C 1 B=1 on $NG GPUs, $steps steps" "exit $rc, loss $(loss_at "$OUT/largest_N$NG.log.0" "$steps") ($((SECONDS - t)) s)"
 fi
 
 echo "=== summary ($((SECONDS - T0)) s)"
