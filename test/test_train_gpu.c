@@ -419,6 +419,14 @@ static void test_nccl_one_rank(void) {
         printf("  nccl: %-9s %-17s one rank = the plain GPU path: %s (last loss %.6f, %lld steps clipped)\n", all_recipes[k],
                what, same ? "bit-identical" : "DIFFERENT", (double)l1[S - 1], (long long)r1.clipped_steps);
         if (c != 0) continue;
+        // the host copy of the weights is gone once the GPU model and the optimizer hold them (over NCCL
+        // every rank drops it at the end of its turn to open: one host holds one copy, not one a rank)
+        Trainer *t = calloc(1, sizeof *t);
+        int opened = t && trainer_open(t, &a) == 0;
+        EXPECT(opened && t->model.params_memory == NULL && t->model.params.wte == NULL,
+               "NCCL, one rank: the host copy of the weights is still there after opening (%s)", opened ? "opened" : train_error_text);
+        if (t) trainer_free(t);
+        free(t);
         // what the path does not do is refused, saying so
         a.clip_rule = CLIP_EXACT; a.release = 1; a.grad_clip = 0.0f;   // (a clip with -N exact -R 1 is refused anywhere)
         EXPECT(run(&a, l1, NULL, 0, NULL) != 0 && strstr(train_error_text, "-N exact"), "-N exact -R 1 over NCCL: '%s'",
