@@ -1112,10 +1112,10 @@ static int host_weights_back(GPT2 *m) {
 
 // Into the host copy of the weights: bf16 ones' masters (decoded, or the fp32 master), fp32 ones copied.
 static int gpu_masters(Trainer *t, float **out) {
-    if (host_weights_back(&t->model)) return -1;
-    *out = t->model.params_memory;
     if (t->nccl && bnb8_optimizer_memory(t->opt, 0).params != t->model.num_parameters)
         return train_fail("the fp32 masters of several ranks' shards (-X, the final weights): not there yet over NCCL");
+    if (host_weights_back(&t->model)) return -1;
+    *out = t->model.params_memory;
     if (t->lay.weights != BNB8_F32) return export_masters(t, t->model.params_memory);
     if (gpt2_cuda_get_params(t->gpu.model, t->model.params_memory)) return train_fail("GPU weights: %s", gpt2_cuda_last_error());
     return 0;
