@@ -1111,9 +1111,17 @@ static int host_weights_back(GPT2 *m) {
 }
 
 // Into the host copy of the weights: bf16 ones' masters (decoded, or the fp32 master), fp32 ones copied.
+// Over NCCL every rank's shards are gathered on rank 0; the other ranks send theirs and get NULL.
 static int gpu_masters(Trainer *t, float **out) {
-    if (t->nccl && bnb8_optimizer_memory(t->opt, 0).params != t->model.num_parameters)
-        return train_fail("the fp32 masters of several ranks' shards (-X, the final weights): not there yet over NCCL");
+    int rank = 0;
+    *out = NULL;
+    if (t->nccl) {
+        nccl_ranks(t, &rank);
+        float *host = rank == 0 && host_weights_back(&t->model) == 0 ? t->model.params_memory : NULL;
+        if (nccl_gather_masters(t, host)) return -1;
+        *out = host;
+        return 0;
+    }
     if (host_weights_back(&t->model)) return -1;
     *out = t->model.params_memory;
     if (t->lay.weights != BNB8_F32) return export_masters(t, t->model.params_memory);
@@ -1729,6 +1737,7 @@ static int export_model(Trainer *t) {
     float *masters;
     char where[160];
     if (t->dev->masters(t, &masters)) return -1;
+    if (!masters) return 0;   // over NCCL, a rank other than 0: it sent its shards; rank 0 writes
     if (gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
         return train_fail("export to %s: the weights are not finite (%s)", a->export_path, where);
     if (gpt2_save_params(&t->model.config, masters, a->export_path, a->export_bf16)) return -1;
@@ -1824,7 +1833,7 @@ static int train_results(Trainer *t, TrainResult *res, Progress *pr) {
     if (res->final_params && res->final_params_count == t->model.num_parameters) {
         float *masters;
         if (t->dev->masters(t, &masters)) return -1;
-        memcpy(res->final_params, masters, sizeof(float) * (size_t)t->model.num_parameters);
+        if (masters) memcpy(res->final_params, masters, sizeof(float) * (size_t)t->model.num_parameters);
     }
     return 0;
 }

@@ -106,6 +106,7 @@ int nccl_agree(Trainer *t, int status) { (void)t; return status; }
 int nccl_gather_weights(Trainer *t) { (void)t; return train_fail("built without NCCL"); }
 int nccl_masters(Trainer *t, char *where, size_t size) { (void)t; (void)where; (void)size; return train_fail("built without NCCL"); }
 int nccl_barrier(Trainer *t) { (void)t; return 0; }
+int nccl_gather_masters(Trainer *t, float *out) { (void)t; (void)out; return train_fail("built without NCCL"); }
 int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own) {
     (void)t; (void)s; (void)bytes; (void)own; return train_fail("built without NCCL");
 }
@@ -578,9 +579,27 @@ int nccl_agree(Trainer *t, int status) {
     return -1;
 }
 
+// Tensor j of the plain numbering is slice l of parameter tensor *param: its first element in the
+// model's layout (the return) and in that parameter tensor (*within).
+static int64_t tensor_place(const Trainer *t, int j, int *param, int64_t *within) {
+    const GPT2 *m = &t->model;
+    int64_t base = 0;
+    for (int i = 0; i < GPT2_NUM_PARAMS; base += m->param_sizes[i], i++) {
+        int64_t slices = m->param_sizes[i] ? tensor_slices(t, i) : 0;
+        if (j < slices) {
+            *param = i;
+            *within = j * (m->param_sizes[i] / slices);
+            return base + *within;
+        }
+        j -= (int)slices;
+    }
+    *param = 0;
+    *within = 0;
+    return 0;
+}
+
 int nccl_masters(Trainer *t, char *where, size_t size) {
     Nccl *c = t->nccl;
-    const GPT2 *m = &t->model;
     int64_t most = 1;
     for (int k = 0; k < c->num_shares; k++) if (c->shares[k].count > most) most = c->shares[k].count;
     float *out = (float *)malloc(sizeof(float) * (size_t)most);   // one share at a time: the host holds no model
@@ -588,14 +607,10 @@ int nccl_masters(Trainer *t, char *where, size_t size) {
     where[0] = 0;
     for (int k = 0; k < c->num_shares; k++) {   // share k is the optimizer's tensor k
         const Share *h = &c->shares[k];
-        int i = 0;
-        int64_t j = h->j, slices = 1;   // tensor j of the plain numbering: slice j of parameter i
-        for (; i < GPT2_NUM_PARAMS; i++) {
-            slices = m->param_sizes[i] ? tensor_slices(t, i) : 0;
-            if (j < slices) break;
-            j -= slices;
-        }
-        int64_t first = j * (m->param_sizes[i] / slices) + h->offset;   // in the whole tensor
+        int i;
+        int64_t first;
+        tensor_place(t, h->j, &i, &first);
+        first += h->offset;   // in the whole parameter tensor
         if (bnb8_optimizer_export_fp32(t->opt, k, out)) {
             free(out);
             return train_fail("export of '%s': %s", gpt2_param_names[i], bnb8_last_error());
@@ -606,6 +621,52 @@ int nccl_masters(Trainer *t, char *where, size_t size) {
     }
     free(out);
     return 0;
+}
+
+// Rank r's part of tensor j from rank r (its host copy, mine) to rank 0 (into to), NCCL_CHUNK floats a
+// send through dev, in order: rank 0 receives them in the order the sender sends.
+#define NCCL_CHUNK ((int64_t)1 << 24)
+static int send_part(Nccl *c, int r, const float *mine, float *to, int64_t count, float *dev, cudaStream_t s) {
+    for (int64_t e = 0; e < count; e += NCCL_CHUNK) {
+        int64_t n = count - e < NCCL_CHUNK ? count - e : NCCL_CHUNK;
+        size_t bytes = sizeof(float) * (size_t)n;
+        if (c->rank == r ? cuda_check(cudaMemcpyAsync(dev, mine + e, bytes, cudaMemcpyHostToDevice, s), "copy to the device") ||
+                           nccl_check(ncclSend(dev, (size_t)n, ncclFloat32, 0, c->comm, s), "ncclSend")
+                         : nccl_check(ncclRecv(dev, (size_t)n, ncclFloat32, r, c->comm, s), "ncclRecv") ||
+                           cuda_check(cudaMemcpyAsync(to + e, dev, bytes, cudaMemcpyDeviceToHost, s), "copy to the host"))
+            return -1;
+        if (cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize")) return -1;
+    }
+    return 0;
+}
+
+int nccl_gather_masters(Trainer *t, float *out) {
+    Nccl *c = t->nccl;
+    cudaStream_t s = nccl_stream(t);
+    int64_t most = 1;
+    for (int k = 0; k < c->num_shares; k++) if (c->shares[k].count > most) most = c->shares[k].count;
+    float *mine = c->rank ? (float *)malloc(sizeof(float) * (size_t)most) : NULL, *dev = NULL;
+    int ready = c->rank ? mine != NULL : out != NULL;
+    if (ready && c->ranks > 1) ready = cudaMalloc((void **)&dev, sizeof(float) * (size_t)NCCL_CHUNK) == cudaSuccess;
+    double flag = ready, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
+    int status = all ? nccl_gather(c, &flag, 1, all, s) : train_fail("out of memory");
+    for (int r = 0; !status && r < c->ranks; r++)   // every rank has its buffers, or none goes on
+        if (all[r] == 0.0) status = train_fail("the final weights: rank %d of %d has no memory for them", r, c->ranks);
+    for (int j = 0; !status && j < c->count; j++) {
+        int i;
+        int64_t within, place = tensor_place(t, j, &i, &within), offset, count;
+        for (int r = 0; !status && r < c->ranks; r++) {
+            if (!nccl_part(c->at[j], c->n[j], c->group_S[c->group[j]], r, &offset, &count)) continue;
+            if (r == c->rank && bnb8_optimizer_export_fp32(t->opt, c->share_of[j], r == 0 ? out + place + offset : mine))
+                status = train_fail("export of '%s': %s", gpt2_param_names[i], bnb8_last_error());
+            if (!status && r != 0 && (c->rank == 0 || c->rank == r))
+                status = send_part(c, r, mine, c->rank == 0 ? out + place + offset : NULL, count, dev, s);
+        }
+    }
+    free(all);
+    free(mine);
+    if (dev) cudaFree(dev);
+    return status;
 }
 
 // Every rank has come here (trainer_open's turns).

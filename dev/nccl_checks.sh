@@ -12,6 +12,9 @@
 #   2c. -N est over N ranks with release and without: the two losses at step 30 and the steps clipped;
 #   3. a checkpoint at step 10 resumed to 20 against 20 straight steps, on N ranks: every rank's
 #      optimizer file and the trainer state of step 20 equal byte for byte;
+#   3b. the final weights exported (-X, fp32: rank 0 gathers every rank's masters) at the end of the
+#      20 straight steps = the export of the checkpoint of step 20 (-y 1, no step), byte for byte; and
+#      close to one GPU's with -A N (max |difference|: rounding, where a misplaced part would be ~0.02);
 #   4. that checkpoint resumed by another number of ranks: refused, the message printed;
 #   5. tokens/s of N = 1, 2 (, 4, 8) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
 #      (rank 0's tokens/s, its share, over one GPU's);
@@ -97,7 +100,7 @@ for N in 2 4 8; do
     # 3. checkpoint at 10, resume to 20, against 20 straight steps
     t=$SECONDS
     rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
-    ranks "$N" "$OUT/ck_straight$N.log" $F -n 20 -o "$OUT/ck_straight$N"
+    ranks "$N" "$OUT/ck_straight$N.log" $F -n 20 -o "$OUT/ck_straight$N" -X "$OUT/export_N$N.bin" -F fp32
     ranks "$N" "$OUT/ck_stop$N.log" $F -n 20 -x 10 -o "$OUT/ck_resumed$N"
     ranks "$N" "$OUT/ck_resume$N.log" $F -n 20 -y 1 -o "$OUT/ck_resumed$N"
     same=yes; files=0
@@ -108,6 +111,14 @@ for N in 2 4 8; do
     [ "$files" -eq $((N + 1)) ] || same="NO ($files files, expected $((N + 1)))"
     grep -a -h 'checkpoint in\|ranks, an optimizer file' "$OUT/ck_straight$N.log.0" | tail -n 2
     row "checkpoint at 10 + resume to 20 vs 20 straight, $N ranks" "files of step 20 identical: $same ($((SECONDS - t)) s)"
+    # 3b. the export
+    t=$SECONDS
+    ranks "$N" "$OUT/export_ck$N.log" $F -n 20 -y 1 -o "$OUT/ck_straight$N" -X "$OUT/export_ck_N$N.bin" -F fp32
+    "$TRAIN" $F -n 20 -A "$N" -X "$OUT/export_A$N.bin" -F fp32 > "$OUT/export_A$N.log" 2>&1
+    same=NO; cmp -s "$OUT/export_N$N.bin" "$OUT/export_ck_N$N.bin" && same=yes
+    grep -a -h '^export\|^error' "$OUT/ck_straight$N.log.0" | head -n 2
+    diff=$(python3 -c "import numpy as np, sys; a, b = (np.fromfile(f, dtype=np.float32)[256:] for f in sys.argv[1:]); print(f'{np.abs(a - b).max():.2e} over {a.size} weights' if a.size == b.size and a.size else 'sizes differ')" "$OUT/export_N$N.bin" "$OUT/export_A$N.bin" 2>&1 | tail -n 1)
+    row "export (-X, fp32) on $N ranks" "= the checkpoint's export: $same; vs 1 GPU -A $N: max |diff| $diff ($((SECONDS - t)) s)"
     # 4. another number of ranks refused
     M=1; [ "$N" -eq 2 ] && [ "$NG" -ge 4 ] && M=4
     ranks "$M" "$OUT/ck_other$N.log" $F -n 30 -y 1 -o "$OUT/ck_resumed$N" && refused=NO || refused=yes
@@ -116,7 +127,7 @@ for N in 2 4 8; do
     "$TRAIN" $F -n 30 -y 1 -o "$OUT/ck_resumed$N" > "$OUT/ck_plain$N.log" 2>&1 && refused=NO || refused=yes
     grep -a -h '^error' "$OUT/ck_plain$N.log" | head -n 1
     row "resume of $N ranks' checkpoint by a single process" "refused: $refused"
-    rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
+    rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N" "$OUT"/export_*$N.bin
 done
 
 # 5. scaling
