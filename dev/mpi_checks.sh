@@ -50,7 +50,7 @@ for r in $(seq 0 $((NG - 1))); do
     pids="$pids $!"
 done
 hand=0
-for p in $pids; do wait "$p" || hand=1; done
+for r in $(seq 1 "$NG"); do wait -n && continue; hand=1; kill $pids 2> /dev/null; done   # a failed rank ends the others
 steps() { awk '$1 == "step" && $2 ~ /\// { print $2, $5, $11 }' "$1"; }   # step, loss, norm
 a=$(steps "$OUT/mpirun.log"); b=$(steps "$OUT/hand.log.0")
 grep -a -h -E '^note|ranks|^error' "$OUT/mpirun.log" | head -n 4

@@ -49,6 +49,7 @@ row() { table+=$(printf '%-58s %s' "$1" "$2")$'\n'; echo "--> $1: $2"; }
 
 ID=0
 # ranks N LOG FLAGS...: N ranks of the trainer, rank r's output in LOG.r; 0 when every rank exits 0.
+# The first rank to fail ends the others (they would wait in NCCL for it until the call's limit).
 ranks() {
     local n=$1 log=$2 pids="" r rc=0
     shift 2
@@ -57,7 +58,11 @@ ranks() {
         BNB8_RANKS=$n BNB8_RANK=$r BNB8_LOCAL_RANK=$r BNB8_NCCL_ID="$OUT/nccl_id.$ID" "$TRAIN" "$@" > "$log.$r" 2>&1 &
         pids="$pids $!"
     done
-    for p in $pids; do wait "$p" || rc=1; done
+    for r in $(seq 1 "$n"); do
+        wait -n && continue
+        rc=1
+        kill $pids 2> /dev/null
+    done
     return $rc
 }
 loss_at() { awk -v s="$2/" '$1 == "step" && index($2, s) == 1 { print $5 }' "$1"; }   # LOG STEP
