@@ -1309,7 +1309,6 @@ extern "C" int gpt2_cuda_get_logits(GPT2Cuda *m, float *host, int64_t row0, int6
     for (int64_t i0 = 0; i0 < count * Vp; i0 += STAGE) {
         int64_t n = count * Vp - i0 < STAGE ? count * Vp - i0 : STAGE;
         CU(cudaMemcpy(m->host_stage, (uint16_t *)m->act[A_LOGITS] + row0 * Vp + i0, 2 * (size_t)n, cudaMemcpyDeviceToHost));
-        #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) host[i0 + i] = bnb8_bf16_to_f32(m->host_stage[i]);
     }
     return 0;

@@ -445,7 +445,7 @@ void usage(FILE *f) {
         "A training loss that is not finite, or a skipped update, %d steps in a row stops the run (exit 1).\n"
         "Several GPUs (a build with NCCL): one process per GPU, `mpirun -np N train_gpt2_8bit_cuda ...` or\n"
         "BNB8_RANKS=N BNB8_RANK=r (BNB8_LOCAL_RANK, BNB8_NCCL_ID) for r = 0..N-1; the global batch is N x B x T x A;\n"
-        "-N exact, est or prev as on one GPU, -o / -y per rank; not yet: -P fp32, -X (README).\n"
+        "-N exact, est or prev as on one GPU, -o / -y per rank, -X from rank 0; not yet: -P fp32 (README).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,

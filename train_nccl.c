@@ -37,8 +37,8 @@ damaged or missing, every rank falls back to the one before (nccl_agree); then t
 the weights (each restored only its shards). Another number of ranks is refused with a message.
 
 Built with -DTRAIN_NCCL when the Makefile finds nccl.h and libnccl; without it, asking for ranks is
-refused with a message. Not yet: -X with several ranks, -P fp32 (-N exact with release is refused
-anywhere).
+refused with a message. Not yet: -P fp32 (-N exact with release is refused anywhere). The final
+weights (-X) of several ranks: rank 0 gathers every rank's fp32 masters (nccl_gather_masters).
 
 -N est (the default under release): each backward group's sum of squares over the ranks: each rank's
 fixed partial sums of its shards (gpt2_cuda_clip_partials), all-gathered, added in one fixed order on
@@ -598,11 +598,16 @@ static int64_t tensor_place(const Trainer *t, int j, int *param, int64_t *within
     return 0;
 }
 
-int nccl_masters(Trainer *t, char *where, size_t size) {
-    Nccl *c = t->nccl;
+// The most elements of one share this rank holds (at least 1): the host buffer of one share at a time.
+static int64_t largest_share(const Nccl *c) {
     int64_t most = 1;
     for (int k = 0; k < c->num_shares; k++) if (c->shares[k].count > most) most = c->shares[k].count;
-    float *out = (float *)malloc(sizeof(float) * (size_t)most);   // one share at a time: the host holds no model
+    return most;
+}
+
+int nccl_masters(Trainer *t, char *where, size_t size) {
+    Nccl *c = t->nccl;
+    float *out = (float *)malloc(sizeof(float) * (size_t)largest_share(c));   // one share at a time: the host holds no model
     if (!out) return train_fail("out of memory");
     where[0] = 0;
     for (int k = 0; k < c->num_shares; k++) {   // share k is the optimizer's tensor k
@@ -643,9 +648,7 @@ static int send_part(Nccl *c, int r, const float *mine, float *to, int64_t count
 int nccl_gather_masters(Trainer *t, float *out) {
     Nccl *c = t->nccl;
     cudaStream_t s = nccl_stream(t);
-    int64_t most = 1;
-    for (int k = 0; k < c->num_shares; k++) if (c->shares[k].count > most) most = c->shares[k].count;
-    float *mine = c->rank ? (float *)malloc(sizeof(float) * (size_t)most) : NULL, *dev = NULL;
+    float *mine = c->rank ? (float *)malloc(sizeof(float) * (size_t)largest_share(c)) : NULL, *dev = NULL;
     int ready = c->rank ? mine != NULL : out != NULL;
     if (ready && c->ranks > 1) ready = cudaMalloc((void **)&dev, sizeof(float) * (size_t)NCCL_CHUNK) == cudaSuccess;
     double flag = ready, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
