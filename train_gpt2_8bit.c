@@ -362,7 +362,7 @@ void train_args_default(TrainArgs *a) {
     a->model = "d4c128h4";
     a->out_dir = "";
     a->B = 8; a->T = 64; a->steps = 150; a->accum = 1;
-    a->lr = 0.0f; a->weight_decay = -1.0f;
+    a->lr = -1.0f; a->weight_decay = -1.0f;
     a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f; a->clip_rule = -1;
     a->recipe = "8bit"; a->optimizer = "adamw";
     a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256; a->scale_dtype = -1;
@@ -413,7 +413,7 @@ void usage(FILE *f) {
         "  -t <int>    sequence length T                (default %lld)\n"
         "  -n <int>    training steps                   (default %lld)\n"
         "  -A <int>    micro-batches of B x T per step (gradient accumulation; not with -R 1)  (default 1)\n"
-        "  -l <float>  peak learning rate (default per optimizer: adamw %g, lion %g, sgd %g)\n"
+        "  -l <float>  peak learning rate (default per optimizer: adamw %g, lion %g, sgd %g; 0 changes no weight)\n"
         "  -u <int>    warm-up steps, then cosine decay (default %lld)\n"
         "  -q <float>  final learning rate, fraction of -l (default %g)\n"
         "  -c <float>  weight decay on matrices (default per optimizer: adamw %g, lion %g, sgd %g)\n"
@@ -520,7 +520,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 't': st = parse_int(f, v, 1, 1 << 20, &a->T); break;
         case 'n': st = parse_int(f, v, 1, INT64_C(1) << 40, &a->steps); break;
         case 'A': st = parse_int(f, v, 1, 1 << 20, &a->accum); break;
-        case 'l': st = parse_float(f, v, 1e-12, 1e3, &a->lr); break;
+        case 'l': st = parse_float(f, v, 0, 1e3, &a->lr); break;
         case 'u': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->warmup); break;
         case 'q': st = parse_float(f, v, 0.0, 1.0, &a->final_lr_frac); break;
         case 'c': st = parse_float(f, v, 0.0, 1e3, &a->weight_decay); break;
@@ -1185,7 +1185,7 @@ static int check_settings(Trainer *t) {
                           "fewer steps without checkpoints, lower -n)", (long long)a->stop_after);
     t->recipe = &recipes[ri];
     t->oc = &optimizers[oi];
-    t->lr = a->lr > 0.0f ? a->lr : t->oc->lr;
+    t->lr = a->lr >= 0.0f ? a->lr : t->oc->lr;   // -1: the optimizer's; 0 trains nothing (checks)
     t->wd = a->weight_decay >= 0.0f ? a->weight_decay : t->oc->weight_decay;
     if ((double)t->lr * t->wd >= 1.0)   // the library refuses it too (bnb8_optimizer_create); here with the flags
         return train_fail("-l %g x -c %g = %g: the learning rate times the weight decay must be below 1 (the decay "

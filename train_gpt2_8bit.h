@@ -68,7 +68,7 @@ typedef struct {
     const char *out_dir;      // checkpoints go here; "" = none
     int64_t B, T, steps;
     int64_t accum;            // micro-batches of (B, T) per optimizer step (gradient accumulation)
-    float lr;                 // <= 0: the optimizer's default
+    float lr;                 // < 0: the optimizer's default; 0 changes no weight
     float weight_decay;       // < 0: the optimizer's default
     int64_t warmup;           // linear warm-up steps, then cosine decay to final_lr_frac * lr
     float final_lr_frac;

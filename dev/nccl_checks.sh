@@ -8,13 +8,14 @@
 #   then for N = 2 (and 4, 8 when there are that many GPUs):
 #   2. d12 flash 30 steps on N ranks against one GPU with -A N (the same global batch): both losses
 #      at step 30 and their gap (the reduction order differs: close, not equal);
-#   2b. gradient release over NCCL against none (-N prev -g 0): every loss equal with 2 ranks;
-#   2c. -N est over N ranks with release and without: the two losses at step 30 and the steps clipped;
+#   2b. gradient release over NCCL against none, -N prev -g 0 and -N est -g 1: every loss and norm
+#      equal (with N > 2 on one NCCL ring: the sums' order otherwise follows the messages' sizes);
 #   3. a checkpoint at step 10 resumed to 20 against 20 straight steps, on N ranks: every rank's
 #      optimizer file and the trainer state of step 20 equal byte for byte;
 #   3b. the final weights exported (-X, fp32: rank 0 gathers every rank's masters) at the end of the
 #      20 straight steps = the export of the checkpoint of step 20 (-y 1, no step), byte for byte; and
-#      close to one GPU's with -A N (max |difference|: rounding, where a misplaced part would be ~0.02);
+#      close to one GPU's with -A N (max |difference|); at -l 0 (the weights stay the initial ones)
+#      N ranks' export = one GPU's byte for byte (every rank's part in its place);
 #   4. that checkpoint resumed by another number of ranks: refused, the message printed;
 #   5. tokens/s of N = 1, 2 (, 4, 8) GPUs at d12 and d24 (B=16, T=1024, 20 steps, -w 0): per-GPU efficiency
 #      (rank 0's tokens/s, its share, over one GPU's);
@@ -22,21 +23,21 @@
 #      and of the host. Up to 4 GPUs d72 (7.3e9), 3 steps; on 8, 10 steps of d64c6400 (31.8e9) where a
 #      GPU holds 120 GB or more (H200), else d56c6400 (27.9e9). Parts 2-5 run without release (-R 0:
 #      -A N on one GPU needs it; -N exact). On 8 GPUs the parts take more than one call of 10 minutes:
-#      CHECKS="one ranks", then "scale", then "largest".
+#      CHECKS="one ranks release resume", then "scale", then "largest".
 #
 #   bash dev/nccl_checks.sh            # builds with make, runs everything
 #   NG=2 bash dev/nccl_checks.sh       # only 2 GPUs of the machine
-#   CHECKS="scale largest" bash dev/nccl_checks.sh   # some parts: one (1), ranks (2-4), scale (5), largest (6)
+#   CHECKS="scale largest" bash dev/nccl_checks.sh   # parts: one (1), ranks (2), release (2b), resume (3-4), scale (5), largest (6)
 # Logs go to $OUT (the device tool's output folder) or build/nccl_checks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/nccl_checks}
-CHECKS=${CHECKS:-"one ranks scale largest"}
+CHECKS=${CHECKS:-"one ranks release resume scale largest"}
 on() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 T0=$SECONDS
-make -j"$(nproc)" build/train_gpt2_8bit_cuda build/test_train_gpu > "$OUT/make.log" 2>&1 || { tail -n 30 "$OUT/make.log"; exit 1; }
+make -j"$(nproc)" build/train_gpt2_8bit_cuda $(on one && echo build/test_train_gpu) > "$OUT/make.log" 2>&1 || { tail -n 30 "$OUT/make.log"; exit 1; }
 grep -q 'NCCL *yes' "$OUT/make.log" || make info 2>/dev/null | grep NCCL
 TRAIN=build/train_gpt2_8bit_cuda
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
@@ -78,30 +79,38 @@ fi
 
 F="-e d12 -r flash -R 0 -b 8 -t 1024 -v 0 -G 0 -u 5 -w 0"
 for N in 2 4 8; do
-    { [ "$N" -gt "$NG" ] || ! on ranks; } && break
+    [ "$N" -gt "$NG" ] && break
     # 2. N ranks vs one GPU with -A N
+    if on ranks; then
     t=$SECONDS
     "$TRAIN" $F -n 30 -A "$N" > "$OUT/d12_A$N.log" 2>&1
     ranks "$N" "$OUT/d12_N$N.log" $F -n 30
     a=$(loss_at "$OUT/d12_A$N.log" 30); b=$(loss_at "$OUT/d12_N$N.log.0" 30)
     row "d12 flash 30 steps: $N ranks vs 1 GPU -A $N (loss, gap)" "$b vs ${a:-?}, gap $(awk -v a="${a:-nan}" -v b="${b:-nan}" 'BEGIN { printf "%+.4f", b - a }') ($((SECONDS - t)) s)"
-    # 2b. gradient release over NCCL against no release, both -N prev -g 0 (no clip): with 2 ranks the
-    #     same bits (a mean of two is one order); with 4 the ring's order depends on the place in G
+    fi
+    # 2b. gradient release over NCCL against no release, -N prev -g 0 (no clip) and -N est -g 1: every
+    #     loss and norm equal. NCCL's ring sums a shard's N parts in an order set by the ring its channel
+    #     uses, and how a message is cut into channels follows its size: release's per-layer exchanges
+    #     and the one exchange of G sum in other orders once N > 2 (a sum of two has one order). So with
+    #     N > 2 both runs use one ring (NCCL_ALGO=Ring, one channel): the order is then the same.
+    if on release; then
     t=$SECONDS
-    ranks "$N" "$OUT/rel0_N$N.log" ${F/-R 0/-R 0 -N prev -g 0} -n 30
-    ranks "$N" "$OUT/rel1_N$N.log" ${F/-R 0/-R 1 -N prev -g 0} -n 30
-    a=$(awk '$1 == "step" && $2 ~ /\// { print $5, $11 }' "$OUT/rel0_N$N.log.0" | tr '\n' ' ')
-    b=$(awk '$1 == "step" && $2 ~ /\// { print $5, $11 }' "$OUT/rel1_N$N.log.0" | tr '\n' ' ')
-    same=NO; [ -n "$a" ] && [ "$a" = "$b" ] && same=yes
-    grep -a -h -E 'per GPU|[+] exchange' "$OUT/rel1_N$N.log.0" | head -n 2
-    row "d12 flash 30 steps on $N ranks: release vs none (-g 0)" "every loss and norm equal: $same (at 30: $(loss_at "$OUT/rel1_N$N.log.0" 30) vs $(loss_at "$OUT/rel0_N$N.log.0" 30)) ($((SECONDS - t)) s)"
-    # 2c. -N est (clip 1) over N ranks, with release and without: close (the shards differ, so the
-    #     partial sums' order does), each clipped
-    t=$SECONDS
-    ranks "$N" "$OUT/est0_N$N.log" ${F/-R 0/-R 0 -N est -g 1} -n 30
-    ranks "$N" "$OUT/est1_N$N.log" ${F/-R 0/-R 1 -N est -g 1} -n 30
-    a=$(loss_at "$OUT/est0_N$N.log.0" 30); b=$(loss_at "$OUT/est1_N$N.log.0" 30)
-    row "d12 flash 30 steps on $N ranks, -N est: release vs none" "$b vs ${a:-?}, gap $(awk -v a="${a:-nan}" -v b="${b:-nan}" 'BEGIN { printf "%+.4f", b - a }'); clipped $(grep -a -c ' clipped' "$OUT/est1_N$N.log.0") / $(grep -a -c ' clipped' "$OUT/est0_N$N.log.0") ($((SECONDS - t)) s)"
+    pin=""; [ "$N" -gt 2 ] && pin="NCCL_ALGO=Ring NCCL_MIN_NCHANNELS=1 NCCL_MAX_NCHANNELS=1"
+    for n in prev est; do
+        g=0; [ "$n" = est ] && g=1
+        for R in 0 1; do
+            [ -n "$pin" ] && export NCCL_ALGO=Ring NCCL_MIN_NCHANNELS=1 NCCL_MAX_NCHANNELS=1
+            ranks "$N" "$OUT/${n}${R}_N$N.log" ${F/-R 0/-R $R -N $n -g $g} -n 30
+            unset NCCL_ALGO NCCL_MIN_NCHANNELS NCCL_MAX_NCHANNELS
+        done
+        a=$(awk '$1 == "step" && $2 ~ /\// { print $5, $11 }' "$OUT/${n}0_N$N.log.0" | tr '\n' ' ')
+        b=$(awk '$1 == "step" && $2 ~ /\// { print $5, $11 }' "$OUT/${n}1_N$N.log.0" | tr '\n' ' ')
+        same=NO; [ -n "$a" ] && [ "$a" = "$b" ] && same=yes
+        [ "$n" = prev ] && grep -a -h -E 'per GPU|[+] exchange' "$OUT/${n}1_N$N.log.0" | head -n 2
+        row "d12 flash 30 steps on $N ranks, -N $n -g $g: release vs none${pin:+ (one ring)}" "every loss and norm equal: $same (at 30: $(loss_at "$OUT/${n}1_N$N.log.0" 30) vs $(loss_at "$OUT/${n}0_N$N.log.0" 30)); clipped $(grep -a -c ' clipped' "$OUT/${n}1_N$N.log.0") / $(grep -a -c ' clipped' "$OUT/${n}0_N$N.log.0") ($((SECONDS - t)) s)"
+    done
+    fi
+    if on resume; then
     # 3. checkpoint at 10, resume to 20, against 20 straight steps
     t=$SECONDS
     rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N"
@@ -124,6 +133,13 @@ for N in 2 4 8; do
     grep -a -h '^export\|^error' "$OUT/ck_straight$N.log.0" | head -n 2
     diff=$(python3 -c "import numpy as np, sys; a, b = (np.fromfile(f, dtype=np.float32)[256:] for f in sys.argv[1:]); print(f'{np.abs(a - b).max():.2e} over {a.size} weights' if a.size == b.size and a.size else 'sizes differ')" "$OUT/export_N$N.bin" "$OUT/export_A$N.bin" 2>&1 | tail -n 1)
     row "export (-X, fp32) on $N ranks" "= the checkpoint's export: $same; vs 1 GPU -A $N: max |diff| $diff ($((SECONDS - t)) s)"
+    #     each rank's part in its place: at -l 0 the weights stay the initial ones whatever the sums, so
+    #     N ranks' export of 2 steps is one GPU's byte for byte
+    t=$SECONDS
+    ranks "$N" "$OUT/export_l0_N$N.log" $F -n 2 -l 0 -X "$OUT/export_l0_N$N.bin" -F fp32
+    "$TRAIN" $F -n 2 -l 0 -X "$OUT/export_l0_1.bin" -F fp32 > "$OUT/export_l0_1.log" 2>&1
+    same=NO; [ -s "$OUT/export_l0_1.bin" ] && cmp -s "$OUT/export_l0_N$N.bin" "$OUT/export_l0_1.bin" && same=yes
+    row "export at -l 0 (the initial weights), $N ranks vs 1 GPU" "identical: $same ($((SECONDS - t)) s)"
     # 4. another number of ranks refused
     M=1; [ "$N" -eq 2 ] && [ "$NG" -ge 4 ] && M=4
     ranks "$M" "$OUT/ck_other$N.log" $F -n 30 -y 1 -o "$OUT/ck_resumed$N" && refused=NO || refused=yes
@@ -132,7 +148,8 @@ for N in 2 4 8; do
     "$TRAIN" $F -n 30 -y 1 -o "$OUT/ck_resumed$N" > "$OUT/ck_plain$N.log" 2>&1 && refused=NO || refused=yes
     grep -a -h '^error' "$OUT/ck_plain$N.log" | head -n 1
     row "resume of $N ranks' checkpoint by a single process" "refused: $refused"
-    rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N" "$OUT"/export_*$N.bin
+    rm -rf "$OUT/ck_straight$N" "$OUT/ck_resumed$N" "$OUT"/export_*$N.bin "$OUT/export_l0_1.bin"
+    fi
 done
 
 # 5. scaling
