@@ -161,7 +161,7 @@ train: info $(TRAIN_BIN)
 	@if [ "$(GPU_COUNT)" -gt 1 ]; then \
 	    echo "bnb8: $(GPU_COUNT) GPUs; this run uses one. On all of them, one process per GPU (NCCL $(if $(NCCL),found,NOT found: install it first); README, Several GPUs):"; \
 	    echo "  mpirun -np $(GPU_COUNT) ./$(BUILD)/train_gpt2_8bit_cuda $(TRAIN_ARGS)"; \
-	    echo "  or without MPI: for r in \$$(seq 0 $$(($(GPU_COUNT) - 1))); do BNB8_RANKS=$(GPU_COUNT) BNB8_RANK=\$$r NCCL_NVLS_ENABLE=0 ./$(BUILD)/train_gpt2_8bit_cuda $(TRAIN_ARGS) & done; wait"; fi
+	    echo "  or without MPI: for r in \$$(seq 0 $$(($(GPU_COUNT) - 1))); do BNB8_RANKS=$(GPU_COUNT) BNB8_RANK=\$$r NCCL_NVLS_ENABLE=0 ./$(BUILD)/train_gpt2_8bit_cuda $(TRAIN_ARGS) & done; for r in \$$(seq 0 $$(($(GPU_COUNT) - 1))); do wait -n || kill \$$(jobs -p) 2> /dev/null; done"; fi
 	./$(TRAIN_BIN) $(TRAIN_ARGS)
 
 # The study corpus (dev/data/README.md): 18.6M train + 1.1M val GPT-2 tokens of documentation prose

@@ -310,7 +310,7 @@ static void tiny_args(TrainArgs *a, const char *recipe, const char *optimizer, i
     a->B = 4; a->T = 16; a->steps = steps; a->warmup = 5;
     a->recipe = recipe; a->optimizer = optimizer;
     a->stable_embedding = 0;     // wte with 8-bit states too: the recipes differ on every matrix
-    a->lr = strcmp(optimizer, "adamw") == 0 ? 1e-2f : strcmp(optimizer, "lion") == 0 ? 3e-3f : 0.0f;
+    a->lr = strcmp(optimizer, "adamw") == 0 ? 1e-2f : strcmp(optimizer, "lion") == 0 ? 3e-3f : -1.0f;   // sgd: the optimizer's
     a->eval_every = steps; a->val_batches = 20; a->gen_tokens = 0;
     a->verbose = 0;
 }
@@ -568,6 +568,48 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
 // 8-bit codes + an fp32 absmax per 256; flash codes + a bf16 scale per 32); the optimizer file's
 // 24-byte header, the trainer state's 256 bytes, an empty DONE. A tensor of a multiple of 256
 // elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125.
+// -l 0 changes no weight (the checks that compare final weights across layouts use it): the masters
+// after 1 and after 3 steps at lr 0 are equal bit for bit, and 1 step at lr 1e-2 moves them.
+static void test_zero_lr(void) {
+    const char *rec[3] = {"fp32", "8bit", "flash"};
+    for (int k = 0; k < 3; k++) {
+        float *p[3] = {0};
+        int64_t n = 0;
+        const int64_t steps[3] = {1, 3, 1};
+        const float lrs[3] = {0.0f, 0.0f, 1e-2f};
+        for (int i = 0; i < 3; i++) {
+            TrainArgs a;
+            tiny_args(&a, rec[k], "adamw", steps[i]);
+            a.lr = lrs[i];
+            GPT2Config c;
+            gpt2_config_from_descriptor(&c, a.model);
+            int64_t sizes[GPT2_NUM_PARAMS];
+            gpt2_param_sizes(&c, sizes);
+            n = 0;
+            for (int j = 0; j < GPT2_NUM_PARAMS; j++) n += sizes[j];
+            TrainResult res = {0};
+            res.final_params = p[i] = malloc((size_t)n * sizeof(float));
+            res.final_params_count = n;
+            for (int64_t e = 0; e < n; e++) p[i][e] = NAN;   // poisoned: the run must write every element
+            if (train_run(&a, &res)) EXPECT(0, "%s lr %g: %s", rec[k], (double)lrs[i], train_error_text);
+        }
+        int64_t same13 = 0, moved = 0;
+        for (int64_t e = 0; e < n; e++) {
+            same13 += memcmp(&p[0][e], &p[1][e], sizeof(float)) == 0 && !isnan(p[0][e]);
+            moved += memcmp(&p[0][e], &p[2][e], sizeof(float)) != 0;
+        }
+        EXPECT(same13 == n, "%s: lr 0, 1 step vs 3 steps: %lld of %lld masters equal", rec[k], (long long)same13, (long long)n);
+        EXPECT(moved > n / 2, "%s: lr 1e-2 moved %lld of %lld masters", rec[k], (long long)moved, (long long)n);
+        for (int i = 0; i < 3; i++) free(p[i]);
+    }
+    const char *zero[] = {"t", "-l", "0"};
+    TrainArgs a;
+    char given[128];
+    EXPECT(parse_args(3, (char **)zero, &a, given) == 0 && a.lr == 0.0f, "-l 0: %s", train_error_text);
+    parse_args(1, (char **)zero, &a, given);
+    EXPECT(a.lr < 0.0f, "-l left out: the optimizer's (negative), got %g", (double)a.lr);
+}
+
 static void test_checkpoint_sizes(void) {
     const char *rec[4] = {"fp32", "8bit", "8bit-int8", "flash"};
     const double target[4] = {12.0, 6.03125, 5.03125, 5.125};
@@ -1568,6 +1610,7 @@ void tests_train(void) {
     test_run("train: -N est: its shares and profile vs direct ones; each group's scale and norm in a run", test_est_rule);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);
     test_run("train: export to llm.c model files (fp32 v3, bf16 v5): layout, loss when loaded back", test_export);
+    test_run("train: -l 0 changes no weight; 1 step at lr 1e-2 moves most", test_zero_lr);
     test_run("train: tokens files: bad ones refused, naming the file", test_tokens_files);
     test_run("train: tokenizer files: bad ones refused, naming the file", test_tokenizer_files);
     test_run("train: trainer and optimizer state files: bad ones refused", test_state_files);

@@ -6,6 +6,7 @@ are named as missing. Standard library only."""
 import glob
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -93,40 +94,52 @@ def ran(r):
     return r['final_val'] is not None and 'skipped' not in r['header']
 
 
-def seed_spread():
-    """fp32 AdamW's final val loss over the seeds of study 3: (values, max - min, sample std)."""
-    vals = [r['final_val'] for r in runs_of('study3_seeds')
-            if ran(r) and r['complete'] and r['recipe'] == 'fp32' and math.isfinite(r['final_val'])]
+def seed_spread(study='study3_seeds'):
+    """fp32 AdamW's final val loss over the seeds of a study (study 3: d12; study 4 runs its size's
+    own seeds), without release: (values, max - min, sample std)."""
+    vals = [r['final_val'] for r in runs_of(study)
+            if ran(r) and r['complete'] and r['recipe'] == 'fp32' and r['optim'] == 'adamw'
+            and r['flags'].get('-R', '0') == '0' and math.isfinite(r['final_val'])]
     if len(vals) < 2:
         return vals, None, None
     return vals, max(vals) - min(vals), statistics.stdev(vals)
 
 
 def is_ref(r):
-    """The fp32 reference of a study-1 style table: recipe fp32, no release, named ..._fp32."""
-    return r['recipe'] == 'fp32' and r['flags'].get('-R', '0') == '0' and r['name'].endswith('_fp32') \
-        and r['complete'] and ran(r)
+    """The fp32 reference of a study-1 style table: recipe fp32, no release, named ..._fp32 (or
+    ..._fp32_seedN: the reference of the runs of that seed)."""
+    return r['recipe'] == 'fp32' and r['flags'].get('-R', '0') == '0' and \
+        re.search(r'_fp32(_seed\d+)?$', r['name']) is not None and r['complete'] and ran(r)
 
 
-def study1(md, study='study1_recipes', use_spread=True):
+def refs(runs):
+    """Each (optimizer, seed)'s fp32 reference among runs."""
+    return {(r['optim'], r['flags'].get('-d', '1337')): r for r in runs if is_ref(r)}
+
+
+def ref_of(ref, r):
+    return ref.get((r['optim'], r['flags'].get('-d', '1337')))
+
+
+def study1(md, study='study1_recipes', spread_of='study3_seeds'):
     runs = runs_of(study)
-    _, spread, _ = seed_spread() if use_spread else (None, None, None)
-    md.append('Final val loss against fp32 with the same optimizer. Tolerance: the larger of the fp32 seed '
-              'spread (max - min over study 3\'s seeds, AdamW) and 1% of the fp32 run\'s final val loss. '
+    vals, spread, _ = seed_spread(spread_of)
+    md.append('Final val loss against fp32 with the same optimizer and seed. Tolerance: the larger of the fp32 '
+              f'seed spread (max - min over {spread_of}\'s seeds, AdamW: {len(vals)}) and 1% of the fp32 run\'s '
+              'final val loss. '
               'Every run clips as its `-g` says (commands below); the release runs (`-R 1`) clip with the '
               'trainer\'s rule under release (`-N`, on each log\'s optim line: this step\'s norm does not '
               'exist yet when a layer is stepped), and `_g0` twins, where present, are unclipped runs without '
               'release.\n')
     if spread is None:
-        md.append('No seed spread ' + ('yet (study 3 has fewer than 2 complete runs)' if use_spread else
-                  'at this size (study 3 is d12)') + ': the tolerance is 1% alone.\n')
-    ref = {r['optim']: r for r in runs if is_ref(r)}
+        md.append(f'No seed spread yet ({spread_of} has fewer than 2 complete fp32 runs): the tolerance is 1% alone.\n')
+    ref = refs(runs)
     rows = []
     for r in runs:
         f = r['flags']
-        setup = ' '.join(f'{k} {f[k]}' for k in ('-K', '-M', '-R') if k in f and (k, f[k]) != ('-R', '0')) or '—'
+        setup = ' '.join(f'{k} {f[k]}' for k in ('-K', '-M', '-R', '-d') if k in f and (k, f[k]) not in (('-R', '0'), ('-d', '1337'))) or '—'
         delta = within = '—'
-        base = ref.get(r['optim'])
+        base = ref_of(ref, r)
         if base and ran(r) and r is not base:
             b, x = base['final_val'], r['final_val']
             tol = max(spread or 0.0, 0.01 * b)
@@ -137,6 +150,20 @@ def study1(md, study='study1_recipes', use_spread=True):
                      f4(r['final_val']), delta, within, speed(r), bytes_per_param(r), memory(r), where(r), status(r)])
     md.append(table(['run', 'optimizer', 'recipe', 'flags', 'clip (-g)', 'final val loss', 'vs fp32', 'within tolerance',
                      'tokens/s', 'persistent bytes/param', 'device memory (measured)', 'GPU, date, commit', 'status'], rows))
+    means = seed_means(runs)
+    if means:
+        md.append('\nOver the seeds (AdamW, no release): ' + '; '.join(
+            f"`{k}` mean {m:.4f} over {n} seeds ({', '.join(f'{x:.4f}' for x in v)})" for k, (m, n, v) in means.items()) +
+            (f'; fp32 spread (max - min) **{spread:.4f}**.' if spread is not None else '.') + '\n')
+
+
+def seed_means(runs):
+    """Recipe -> (mean, count, values) of the final val loss over the seeds, where a recipe has 2+."""
+    by = {}
+    for r in runs:
+        if r['optim'] == 'adamw' and r['flags'].get('-R', '0') == '0' and ran(r) and r['complete'] and '-K' not in r['flags']:
+            by.setdefault(r['recipe'], {})[r['flags'].get('-d', '1337')] = r['final_val']
+    return {k: (statistics.mean(v.values()), len(v), list(v.values())) for k, v in by.items() if len(v) >= 2}
 
 
 def study2(md):
@@ -171,7 +198,7 @@ def study3(md):
 STUDIES = [('study1_recipes', 'Study 1: recipes', study1),
            ('study2_ablations', 'Study 2: the paper\'s ablations', study2),
            ('study3_seeds', 'Study 3: seed noise', study3),
-           ('study4_scale', 'Study 4: one more size', lambda md: study1(md, 'study4_scale', use_spread=False))]
+           ('study4_scale', 'Study 4: one more size', lambda md: study1(md, 'study4_scale', 'study4_scale'))]
 
 
 def commands(md, study, runs):
@@ -209,11 +236,11 @@ def readme_table():
     rows = []
     for study in ('study1_recipes', 'study4_scale'):
         runs = runs_of(study)
-        ref = {r['optim']: r for r in runs if is_ref(r)}
+        ref = refs(runs)
         for r in runs:
-            if r['optim'] != 'adamw' or not ran(r):
-                continue
-            base, f = ref.get('adamw'), r['flags']
+            if r['optim'] != 'adamw' or not ran(r) or r['flags'].get('-d', '1337') != '1337':
+                continue   # the other seeds: in RESULTS.md, their means below the table
+            base, f = ref_of(ref, r), r['flags']
             setup = ' '.join(f'{k} {f[k]}' for k in ('-K', '-R') if k in f and (k, f[k]) != ('-R', '0'))
             delta = f"{100 * (r['final_val'] - base['final_val']) / base['final_val']:+.2f}%" \
                 if base and r is not base else '—'
@@ -261,6 +288,11 @@ def main():
     if README:
         t, spread = readme_table()
         print(t + (f"\nfp32 seed spread (study 3): {spread:.4f}" if spread is not None else ''))
+        _, spread4, _ = seed_spread('study4_scale')
+        means = seed_means(runs_of('study4_scale'))
+        if means:
+            print('study 4 over the seeds: ' + '; '.join(f"{k} mean {m:.4f} ({n} seeds)" for k, (m, n, _) in means.items()) +
+                  (f'; fp32 seed spread {spread4:.4f}' if spread4 is not None else ''))
         if gone:
             print('missing: ' + ', '.join(gone))
     if SUMMARY:
