@@ -1843,9 +1843,12 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
     printf("\n==== report ====\n");
     print_memory(t);
     double peak = resident_bytes("VmHWM:"), now = resident_bytes("VmRSS:");
-    if (peak > 0) { printf("  peak resident memory of the process (VmHWM): "); print_bytes(peak); }
-    if (peak > 0 && now > 0) { printf(", now (VmRSS): "); print_bytes(now); }   // over NCCL: without the host weights
-    if (peak > 0) printf("\n");
+    if (peak > 0) {
+        printf("  peak resident memory of the process (VmHWM): ");
+        print_bytes(peak);
+        if (now > 0) { printf(", now (VmRSS): "); print_bytes(now); }   // over NCCL: without the host weights
+        printf("\n");
+    }
     printf("speed    %.0f tokens/s (%lld steps of %lld tokens in %.1f s, after the first step)\n", res->tokens_per_second,
            (long long)pr->trained, (long long)(a->B * a->T * a->accum), pr->train_time);
     if (t->end > t->start)

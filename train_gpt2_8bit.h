@@ -326,8 +326,8 @@ void nccl_free(Trainer *t);
 // shards' fp32 masters into rank 0's out (the model's layout; the others pass NULL and send theirs;
 // rank 0 passes NULL when it has no memory for them: every rank then fails). nccl_checkpoint_save:
 // the checkpoint of s->step (rank files, state, DONE last); *bytes every rank's files, *own this
-// rank's optimizer file. nccl_hint: on a machine of several
-// GPUs and no rank variables, how to train on all of them (the banner).
+// rank's optimizer file. nccl_hint: on a machine of several GPUs and no rank variables, how to train
+// on all of them (the banner).
 int nccl_ranks(const Trainer *t, int *rank);
 int nccl_agree(Trainer *t, int status);
 int nccl_gather_weights(Trainer *t);

@@ -94,12 +94,24 @@ def ran(r):
     return r['final_val'] is not None and 'skipped' not in r['header']
 
 
+def seed(r):
+    return r['flags'].get('-d', '1337')   # every study passes -d; 1337 is the trainer's default
+
+
+def released(r):
+    return r['flags'].get('-R', '0') != '0'
+
+
+def seed_runs(study):
+    """The runs a comparison over seeds takes: AdamW, complete, without release or another block size."""
+    return [r for r in runs_of(study)
+            if r['optim'] == 'adamw' and not released(r) and '-K' not in r['flags'] and ran(r) and r['complete']]
+
+
 def seed_spread(study='study3_seeds'):
     """fp32 AdamW's final val loss over the seeds of a study (study 3: d12; study 4 runs its size's
     own seeds), without release: (values, max - min, sample std)."""
-    vals = [r['final_val'] for r in runs_of(study)
-            if ran(r) and r['complete'] and r['recipe'] == 'fp32' and r['optim'] == 'adamw'
-            and r['flags'].get('-R', '0') == '0' and math.isfinite(r['final_val'])]
+    vals = [r['final_val'] for r in seed_runs(study) if r['recipe'] == 'fp32' and math.isfinite(r['final_val'])]
     if len(vals) < 2:
         return vals, None, None
     return vals, max(vals) - min(vals), statistics.stdev(vals)
@@ -108,17 +120,17 @@ def seed_spread(study='study3_seeds'):
 def is_ref(r):
     """The fp32 reference of a study-1 style table: recipe fp32, no release, named ..._fp32 (or
     ..._fp32_seedN: the reference of the runs of that seed)."""
-    return r['recipe'] == 'fp32' and r['flags'].get('-R', '0') == '0' and \
+    return r['recipe'] == 'fp32' and not released(r) and \
         re.search(r'_fp32(_seed\d+)?$', r['name']) is not None and r['complete'] and ran(r)
 
 
 def refs(runs):
     """Each (optimizer, seed)'s fp32 reference among runs."""
-    return {(r['optim'], r['flags'].get('-d', '1337')): r for r in runs if is_ref(r)}
+    return {(r['optim'], seed(r)): r for r in runs if is_ref(r)}
 
 
 def ref_of(ref, r):
-    return ref.get((r['optim'], r['flags'].get('-d', '1337')))
+    return ref.get((r['optim'], seed(r)))
 
 
 def study1(md, study='study1_recipes', spread_of='study3_seeds'):
@@ -150,20 +162,20 @@ def study1(md, study='study1_recipes', spread_of='study3_seeds'):
                      f4(r['final_val']), delta, within, speed(r), bytes_per_param(r), memory(r), where(r), status(r)])
     md.append(table(['run', 'optimizer', 'recipe', 'flags', 'clip (-g)', 'final val loss', 'vs fp32', 'within tolerance',
                      'tokens/s', 'persistent bytes/param', 'device memory (measured)', 'GPU, date, commit', 'status'], rows))
-    means = seed_means(runs)
-    if means:
-        md.append('\nOver the seeds (AdamW, no release): ' + '; '.join(
-            f"`{k}` mean {m:.4f} over {n} seeds ({', '.join(f'{x:.4f}' for x in v)})" for k, (m, n, v) in means.items()) +
-            (f'; fp32 spread (max - min) **{spread:.4f}**.' if spread is not None else '.') + '\n')
+    line = seeds_line(study)
+    if line:
+        md.append('\nOver the seeds (AdamW, no release): ' + line + '\n')
 
 
-def seed_means(runs):
-    """Recipe -> (mean, count, values) of the final val loss over the seeds, where a recipe has 2+."""
+def seeds_line(study):
+    """Each recipe's mean final val loss over its seeds (where it has 2 or more) and the fp32 spread; '' if none."""
     by = {}
-    for r in runs:
-        if r['optim'] == 'adamw' and r['flags'].get('-R', '0') == '0' and ran(r) and r['complete'] and '-K' not in r['flags']:
-            by.setdefault(r['recipe'], {})[r['flags'].get('-d', '1337')] = r['final_val']
-    return {k: (statistics.mean(v.values()), len(v), list(v.values())) for k, v in by.items() if len(v) >= 2}
+    for r in seed_runs(study):
+        by.setdefault(r['recipe'], {})[seed(r)] = r['final_val']
+    means = [f"`{k}` mean {statistics.mean(v.values()):.4f} over {len(v)} seeds ({', '.join(f'{x:.4f}' for x in v.values())})"
+             for k, v in by.items() if len(v) >= 2]
+    _, spread, _ = seed_spread(study)
+    return '; '.join(means) + (f'; fp32 spread (max - min) **{spread:.4f}**.' if spread is not None else '.') if means else ''
 
 
 def study2(md):
@@ -238,7 +250,7 @@ def readme_table():
         runs = runs_of(study)
         ref = refs(runs)
         for r in runs:
-            if r['optim'] != 'adamw' or not ran(r) or r['flags'].get('-d', '1337') != '1337':
+            if r['optim'] != 'adamw' or not ran(r) or seed(r) != '1337':
                 continue   # the other seeds: in RESULTS.md, their means below the table
             base, f = ref_of(ref, r), r['flags']
             setup = ' '.join(f'{k} {f[k]}' for k in ('-K', '-R') if k in f and (k, f[k]) != ('-R', '0'))
@@ -288,11 +300,9 @@ def main():
     if README:
         t, spread = readme_table()
         print(t + (f"\nfp32 seed spread (study 3): {spread:.4f}" if spread is not None else ''))
-        _, spread4, _ = seed_spread('study4_scale')
-        means = seed_means(runs_of('study4_scale'))
-        if means:
-            print('study 4 over the seeds: ' + '; '.join(f"{k} mean {m:.4f} ({n} seeds)" for k, (m, n, _) in means.items()) +
-                  (f'; fp32 seed spread {spread4:.4f}' if spread4 is not None else ''))
+        line = seeds_line('study4_scale')
+        if line:
+            print('study 4 over the seeds: ' + line)
         if gone:
             print('missing: ' + ', '.join(gone))
     if SUMMARY:
