@@ -43,14 +43,11 @@ t=$SECONDS
 "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -np "$NG" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
     build/train_gpt2_8bit_cuda $F > "$OUT/mpirun.log" 2>&1
 rc=$?
-pids=""
-for r in $(seq 0 $((NG - 1))); do
-    # shellcheck disable=SC2086
-    BNB8_RANKS=$NG BNB8_RANK=$r BNB8_NCCL_ID="$OUT/nccl_id" build/train_gpt2_8bit_cuda $F > "$OUT/hand.log.$r" 2>&1 &
-    pids="$pids $!"
-done
-hand=0
-for r in $(seq 1 "$NG"); do wait -n && continue; hand=1; kill $pids 2> /dev/null; done   # a failed rank ends the others
+TRAIN=build/train_gpt2_8bit_cuda
+source dev/ranks.sh
+# shellcheck disable=SC2086
+ranks "$NG" "$OUT/hand.log" $F
+hand=$?
 steps() { awk '$1 == "step" && $2 ~ /\// { print $2, $5, $11 }' "$1"; }   # step, loss, norm
 a=$(steps "$OUT/mpirun.log"); b=$(steps "$OUT/hand.log.0")
 grep -a -h -E '^note|ranks|^error' "$OUT/mpirun.log" | head -n 4

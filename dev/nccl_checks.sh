@@ -48,24 +48,7 @@ echo "build: $((SECONDS - T0)) s; $GPUS GPUs, using up to $NG"
 table=""
 row() { table+=$(printf '%-58s %s' "$1" "$2")$'\n'; echo "--> $1: $2"; }
 
-ID=0
-# ranks N LOG FLAGS...: N ranks of the trainer, rank r's output in LOG.r; 0 when every rank exits 0.
-# The first rank to fail ends the others (they would wait in NCCL for it until the call's limit).
-ranks() {
-    local n=$1 log=$2 pids="" r rc=0
-    shift 2
-    ID=$((ID + 1))
-    for r in $(seq 0 $((n - 1))); do
-        BNB8_RANKS=$n BNB8_RANK=$r BNB8_LOCAL_RANK=$r BNB8_NCCL_ID="$OUT/nccl_id.$ID" "$TRAIN" "$@" > "$log.$r" 2>&1 &
-        pids="$pids $!"
-    done
-    for r in $(seq 1 "$n"); do
-        wait -n && continue
-        rc=1
-        kill $pids 2> /dev/null
-    done
-    return $rc
-}
+source dev/ranks.sh   # ranks N LOG FLAGS...
 loss_at() { awk -v s="$2/" '$1 == "step" && index($2, s) == 1 { print $5 }' "$1"; }   # LOG STEP
 speed() { awk '$1 == "speed" { print $2 }' "$1"; }
 
@@ -175,7 +158,7 @@ if [ "$NG" -ge 8 ]; then
     steps=10; limit=540; big=d56c6400
     [ "${mib:-0}" -ge 120000 ] && big=d64c6400
 fi
-timeout $limit bash -c "$(declare -f ranks); ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/largest_N$NG.log' -e $big -r flash -R 1 -C 1 -b 1 -t 1024 -n $steps -v 0 -G 0 -w 0 -l 3e-4"
+timeout $limit bash -c "$(declare -f ranks); RANKS_ID=99; OUT='$OUT'; TRAIN='$TRAIN'; ranks $NG '$OUT/largest_N$NG.log' -e $big -r flash -R 1 -C 1 -b 1 -t 1024 -n $steps -v 0 -G 0 -w 0 -l 3e-4"
 rc=$?
 grep -a -h -E '^model|per GPU|[+] exchange|device memory|measured|resident|^loss|^error' "$OUT/largest_N$NG.log.0" | tail -n 9
 row "$big flash + release -C 1 B=1 on $NG GPUs, $steps steps" "exit $rc, loss $(loss_at "$OUT/largest_N$NG.log.0" "$steps") ($((SECONDS - t)) s)"
