@@ -4,16 +4,18 @@
 # steps with flash + gradient release, the kernels' parity, their speed with the peers; `recipes`
 # (not in the default list) trains d12 12 steps with each recipe and keeps the loss lines, to compare
 # two commits' trainers on one GPU kind (recipes.txt, without the timings); `scale` (not in the default
-# list either) runs issue P10's scale-accuracy run against FlashOptim on the same GPU tensors; `nccl`
-# (2 GPUs) trains d12 over NCCL on 2 ranks against one GPU with the same global batch.
+# list either) measures how close the flash group scales end to fp32 AdamW, against FlashOptim on the
+# same GPU tensors; `nccl` (2 GPUs) trains d12 over NCCL on 2 ranks against one GPU with the same
+# global batch.
 #
-#   bash dev/device_checks.sh                 # builds with make (the GPU's own architecture), runs all
-#   BIN=build/run bash dev/device_checks.sh   # runs binaries built elsewhere (e.g. here with
-#                                             # make BUILD=build/run NVCC_ARCH=-arch=sm_90 ..., carried)
-#   CHECKS="trainer d72" bash dev/device_checks.sh   # some of them
+#   bash test/device_checks.sh                 # builds with make (the GPU's own architecture), runs all
+#   BIN=build/run bash test/device_checks.sh   # runs binaries built elsewhere (e.g. here with
+#                                              # make BUILD=build/run NVCC_ARCH=-arch=sm_90 ..., carried)
+#   CHECKS="trainer d72" bash test/device_checks.sh   # some of them
 #
 # Logs go to $OUT (the device tool's output folder) or build/device_checks; a table of exit codes
-# and times at the end.
+# and times at the end. Logs worth keeping go to dev/results/<series>/logs/device_checks/
+# <gpu>x<count>_<yyyymmdd>_<commit>/ (dev/results/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/device_checks}
@@ -67,10 +69,10 @@ LIST
              if python3 -c "import torch" 2>/dev/null; then
                  check peers env PYTHONPATH="$PWD/.whl/site" python3 dev/bench/peers/bench_peers.py
              fi ;;
-    # issue P10's accuracy run on the GPU: torch fp32 AdamW, FlashOptim and bnb8 on the same tensors
+    # the scale-accuracy run on the GPU: torch fp32 AdamW, FlashOptim and bnb8 on the same tensors
     scale)   make -j"$(nproc)" build/libbnb8_shim.so > "$OUT/make_shim.log" 2>&1 || { tail -n 30 "$OUT/make_shim.log"; exit 1; }
              check scale env PYTHONPATH="$PWD/.whl/site" PYTHONUNBUFFERED=1 python3 dev/bench/peers/scale_accuracy_peers.py ;;
-    # several GPUs (P15, not in the default list; a machine with 2 GPUs): d12 flash over NCCL, 2 ranks x
+    # several GPUs (not in the default list; a machine with 2 GPUs): d12 flash over NCCL, 2 ranks x
     # B=8 against one GPU x B=8 x A=2 (the same global batch, the same batches per step); the losses
     # side by side in nccl.txt (the reduction order differs: close, not equal). NCCL_RANKS=4 for 4 GPUs.
     nccl)    R=${NCCL_RANKS:-2}

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# P15: the trainer launched by OpenMPI's mpirun (Debian's, as llm.c users run it) against the same
+# The trainer launched by OpenMPI's mpirun (Debian's, as llm.c users run it) against the same
 # ranks launched by hand (BNB8_RANKS): the same program on the same ranks, so every step line's loss
 # and norm must be equal. On a machine of 2 or more GPUs, ~2 minutes with the build.
-#   bash dev/mpi_checks.sh fetch   # here (Debian, network): Debian's OpenMPI packages into build/carry_mpi
-#   bash dev/mpi_checks.sh         # there: where mpirun is missing (the device machines have none), the
-#                                  # packages of build/carry_mpi unpacked into /tmp/ompi and used from there
-# Device tool: carry ["build/carry_mpi"]. Logs go to $OUT or build/mpi_checks.
+#   bash test/mpi_checks.sh fetch   # here (Debian, network): Debian's OpenMPI packages into build/carry_mpi
+#   bash test/mpi_checks.sh         # there: where mpirun is missing (the device machines have none), the
+#                                   # packages of build/carry_mpi unpacked into /tmp/ompi and used from there
+# Device tool: carry ["build/carry_mpi"]. Logs go to $OUT or build/mpi_checks; those worth keeping to
+# dev/results/nccl/logs/mpi_checks/<gpu>x<count>_<yyyymmdd>_<commit>/ (dev/results/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PKGS="openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7
@@ -23,7 +24,7 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 MPIRUN=$(command -v mpirun)
 if [ -z "$MPIRUN" ]; then   # unpack Debian's packages (ar + tar: no dpkg needed) and relocate OpenMPI there
-    ls build/carry_mpi/*.deb > /dev/null 2>&1 || { echo "no mpirun and no build/carry_mpi: run 'bash dev/mpi_checks.sh fetch' first"; exit 1; }
+    ls build/carry_mpi/*.deb > /dev/null 2>&1 || { echo "no mpirun and no build/carry_mpi: run 'bash test/mpi_checks.sh fetch' first"; exit 1; }
     rm -rf /tmp/ompi && mkdir -p /tmp/ompi
     for d in build/carry_mpi/*.deb; do
         ar p "$d" "$(ar t "$d" | grep '^data\.tar')" | tar x --xz -C /tmp/ompi || { echo "cannot unpack $d"; exit 1; }
@@ -44,7 +45,7 @@ t=$SECONDS
     build/train_gpt2_8bit_cuda $F > "$OUT/mpirun.log" 2>&1
 rc=$?
 TRAIN=build/train_gpt2_8bit_cuda
-source dev/ranks.sh
+source test/ranks.sh
 # shellcheck disable=SC2086
 ranks "$NG" "$OUT/hand.log" $F
 hand=$?

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# P15's checks on a machine of 2 or more GPUs (DESIGN.md §8.8), in one call of at most ~9 minutes,
-# cheapest and most important first; a short table at the end. Ranks are launched in the background
-# with BNB8_RANKS / BNB8_RANK / BNB8_LOCAL_RANK (no mpirun on the device machines), NVLink multicast off.
+# The checks of training over NCCL on a machine of 2 or more GPUs (DESIGN.md §8.8), in one call of
+# at most ~9 minutes, cheapest and most important first; a short table at the end. Ranks are launched
+# in the background with BNB8_RANKS / BNB8_RANK / BNB8_LOCAL_RANK (no mpirun on the device machines),
+# NVLink multicast off.
 #   1. the one-rank tests (test_train_gpu, TEST_ONLY=NCCL): the NCCL path with one rank = the plain
 #      path bit for bit (-N prev, exact, est; with and without release), one rank's checkpoints: stop + resume bit-exact,
 #      fall back past a damaged or missing rank file, another number of ranks refused;
@@ -25,10 +26,12 @@
 #      -A N on one GPU needs it; -N exact). On 8 GPUs the parts take more than one call of 10 minutes:
 #      CHECKS="one ranks release resume", then "scale", then "largest".
 #
-#   bash dev/nccl_checks.sh            # builds with make, runs everything
-#   NG=2 bash dev/nccl_checks.sh       # only 2 GPUs of the machine
-#   CHECKS="scale largest" bash dev/nccl_checks.sh   # parts: one (1), ranks (2), release (2b), resume (3-4), scale (5), largest (6)
-# Logs go to $OUT (the device tool's output folder) or build/nccl_checks.
+#   bash test/nccl_checks.sh            # builds with make, runs everything
+#   NG=2 bash test/nccl_checks.sh       # only 2 GPUs of the machine
+#   CHECKS="scale largest" bash test/nccl_checks.sh   # parts: one (1), ranks (2), release (2b), resume (3-4), scale (5), largest (6)
+# Logs go to $OUT (the device tool's output folder) or build/nccl_checks; those worth keeping, with the
+# printed output, to dev/results/nccl/logs/nccl_checks/<gpu>x<count>_<yyyymmdd>_<commit>/
+# (dev/results/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/nccl_checks}
@@ -48,7 +51,7 @@ echo "build: $((SECONDS - T0)) s; $GPUS GPUs, using up to $NG"
 table=""
 row() { table+=$(printf '%-58s %s' "$1" "$2")$'\n'; echo "--> $1: $2"; }
 
-source dev/ranks.sh   # ranks N LOG FLAGS...
+source test/ranks.sh   # ranks N LOG FLAGS...
 loss_at() { awk -v s="$2/" '$1 == "step" && index($2, s) == 1 { print $5 }' "$1"; }   # LOG STEP
 speed() { awk '$1 == "speed" { print $2 }' "$1"; }
 
@@ -74,8 +77,8 @@ for N in 2 4 8; do
     # 2b. gradient release over NCCL against none, -N prev -g 0 (no clip) and -N est -g 1. Without
     #     release ZeRO-1 cuts G as one vector in N parts; with it, each group apart: an element's owner
     #     can differ, and NCCL's ring sums an element's N parts in an order set by its owner's place in
-    #     the ring. A sum of two has one order: with 2 ranks every loss and norm equal; with more, close
-    #     (4 H200s, 2026-11-26: 6.9693 vs 6.9694 at 30 with -g 0, the same on one ring of one channel).
+    #     the ring. A sum of two has one order: with 2 ranks every loss and norm equal; with more, close,
+    #     not equal (one ring of one channel gives the same gap: the logs in dev/results/nccl/).
     if on release; then
     t=$SECONDS
     for n in prev est; do

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by dev/nccl_checks.sh and dev/mpi_checks.sh (they set TRAIN, the trainer, and OUT, the logs).
+# Sourced by test/nccl_checks.sh and test/mpi_checks.sh (they set TRAIN, the trainer, and OUT, the logs).
 # ranks N LOG FLAGS...: N ranks of the trainer started by hand, rank r's output in LOG.r; 0 when every
 # rank exits 0. The first rank to fail ends the others (they would wait in NCCL for it until killed).
 RANKS_ID=0

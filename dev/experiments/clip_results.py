@@ -1,8 +1,8 @@
-"""clip_results.py [LOGDIR] [--print]: issue P14's results from the logs of clip_release.sh (LOGDIR,
-default dev/experiments/clip_release_logs) and release_cost.sh (release_cost_logs beside it):
-CLIP_RESULTS.md beside LOGDIR, with a table and a plot (plots/clip_release_<setting>.png, gnuplot)
-per setting (model, B, T, learning rate), and the cost table. --print also prints the tables.
-Every number is read from a log. Standard library only."""
+"""clip_results.py [DIR] [--print]: the page DIR.md on global-norm clipping under gradient release, from
+the logs of clip_release.sh (DIR/logs/clip_release/) and release_cost.sh (DIR/logs/release_cost/; default
+DIR: dev/results/clipping): a table and a plot (DIR/plots/clip_release_<setting>.png, gnuplot) per setting
+(model, B, T, learning rate), and the cost table. --print also prints the tables. Every number is read
+from a log. Standard library only."""
 import glob
 import math
 import os
@@ -16,16 +16,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from logparse import mean, parse  # noqa: E402
 
 ARGS = [a for a in sys.argv[1:] if not a.startswith('--')]
-LOGS = ARGS[0] if ARGS else 'dev/experiments/clip_release_logs'
-HERE = os.path.dirname(os.path.normpath(LOGS))
-COST = os.path.join(HERE, 'release_cost_logs')
-MD = os.path.join(HERE, 'CLIP_RESULTS.md')
-PLOTS = os.path.join(HERE, 'plots')
+OUT = os.path.normpath(ARGS[0] if ARGS else 'dev/results/clipping')
+LOGS = os.path.join(OUT, 'logs', 'clip_release')
+COST = os.path.join(OUT, 'logs', 'release_cost')
+MD = OUT + '.md'                    # the page sits beside its folder: clipping.md links clipping/...
+LINK = os.path.basename(OUT)        # the folder as the page's links name it
+PLOTS = os.path.join(OUT, 'plots')
 KEEP = '<!-- clip_results.py keeps what follows this line -->'
 RULES = ['exact', 'prev_release', 'noclip_release', 'est_release']
 ABOUT = {'exact': 'exact clipping without release (`-R 0 -N exact -g 1`): the reference',
          'prev_release': 'release clipped with the previous step\'s norm (`-R 1 -N prev -g 1`)',
-         'noclip_release': 'release unclipped (`-R 1 -g 0`): what release cost before P14',
+         'noclip_release': 'release unclipped (`-R 1 -g 0`): release without any clipping rule',
          'est_release': 'release clipped with this step\'s norm estimated layer by layer (`-R 1 -N est -g 1`, '
                         'the default under release)'}
 COLORS = {'exact': '#000000', 'prev_release': '#1f77b4', 'noclip_release': '#d62728', 'est_release': '#2ca02c'}
@@ -164,7 +165,7 @@ set grid
 set key top right
 set xlabel 'step'
 set ylabel 'loss'
-set multiplot layout 1,3 title 'P14: clipping under gradient release, flash AdamW, {s[0]}, B={s[1]}, T={s[2]}, lr {s[3]} (thin: seeds, thick: their mean)'
+set multiplot layout 1,3 title 'Clipping under gradient release, flash AdamW, {s[0]}, B={s[1]}, T={s[2]}, lr {s[3]} (thin: seeds, thick: their mean)'
 set title 'val loss'
 set xrange [{first}:*]
 set yrange [{lo - 0.02:.3f}:{hi + 0.02:.3f}]
@@ -195,8 +196,8 @@ def cost_table():
             rule, shape = r['name'].rsplit('_r', 1)[0].rsplit('_', 1)
             r['round'] = int(r['name'].rsplit('_r', 1)[1])
             rows.setdefault(shape, {}).setdefault(rule, []).append(r)
-    # the script's own record (its stdout, *.txt) of runs whose log did not come back: their speed only
-    for path in sorted(glob.glob(os.path.join(COST, '*.txt'))):
+    # the script's printed output (*.txt in a call's folder) for runs whose log did not come back: their speed only
+    for path in sorted(glob.glob(os.path.join(COST, '*', '*.txt'))):
         for m in RECORD.finditer(open(path, errors='replace').read()):
             rule, shape, rnd = m[1], f'b{m[2]}t{m[3]}', int(m[4])
             logged = {r['round'] for r in rows.get(shape, {}).get(rule, [])}
@@ -230,13 +231,13 @@ def cost_table():
 def main():
     runs = [r for r in (load(p) for p in sorted(glob.glob(os.path.join(LOGS, '*.log')))) if r]
     settings = sorted({r['setting'] for r in runs}, key=lambda s: (int(s[0][1:].split('c')[0] or 0), s[0], s[1], s[2], float(s[3])))
-    md = ['# P14: clipping under gradient release\n',
+    md = ['# Clipping under gradient release\n',
           'Made by `dev/experiments/clip_results.py` from the logs of `dev/experiments/clip_release.sh` '
-          f'(`{os.path.basename(LOGS)}/`) and `release_cost.sh` (`release_cost_logs/`); every number below is read '
+          f'(`{LINK}/logs/clip_release/`) and `release_cost.sh` (`{LINK}/logs/release_cost/`); every number below is read '
           'from them. Flash AdamW, warm-up 100, cosine to 10%, weight decay 0.1, StableEmbedding, the study corpus '
           '(`make corpus`), 3 seeds per rule. The rules:\n']
     md += [f'- `{rule}`: {ABOUT[rule]}' for rule in RULES]
-    md.append('\nThe issue\'s bar: with release, the new rule ends within the seed range of exact clipping (or '
+    md.append('\nThe bar: with release, a clipping rule ends within the seed range of exact clipping (or '
               'below it), where release unclipped does not. "mean vs exact\'s range" compares a rule\'s mean '
               'over its seeds with the lowest and highest final val loss of the exact runs. The runs of a '
               'setting shared one GPU (several at a time), so their tokens/s are not speeds: the cost is measured '
@@ -255,7 +256,7 @@ def main():
         except (OSError, subprocess.CalledProcessError) as e:
             print(f'{png}: no plot ({e}; apt-get install -y gnuplot-nox)')
         if os.path.exists(png):
-            md.append(f'\n![{os.path.basename(png)}](plots/{os.path.basename(png)})\n')
+            md.append(f'\n![{os.path.basename(png)}]({LINK}/plots/{os.path.basename(png)})\n')
         printed += table + ['']
     md.append('\n## What release costs: tokens/s and memory\n')
     at, cost = cost_table()
@@ -266,7 +267,7 @@ def main():
         md += cost
         printed += cost + ['']
     else:
-        md.append('Not measured yet: `dev/experiments/release_cost.sh` (NEXT_DEVICE_RUNS.md).\n')
+        md.append('Not measured yet: `dev/experiments/release_cost.sh` makes these runs on one GPU.\n')
     kept = ''
     if os.path.exists(MD):
         with open(MD) as f:

@@ -24,7 +24,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 : "${EXP_LR_HIGH:=3e-3}"                       # study 2: the higher AdamW learning rate(s), a list
 : "${EXP_SEEDS:=1337 1 2}"                     # study 3
 : "${EXP_FLAGS:=}"                             # extra trainer flags for every run (last, so they win)
-: "${EXP_OUT:=dev/experiments}"                # logs/, plots/ and RESULTS.md go here
+: "${EXP_OUT:=dev/results/studies}"            # logs/ and plots/ go here, the page beside it ($EXP_OUT.md)
 : "${EXP_ONLY:=}"                              # run only these run names (space-separated)
 : "${EXP_FORCE:=0}"                            # 1: rerun runs whose log is already complete
 : "${EXP_PLOT_ONLY:=0}"                        # 1: no training, only the plots from the logs there
@@ -38,8 +38,8 @@ fi
 # No .git on a machine that got a copy of the tree: EXP_COMMIT says which commit it is.
 if [ -z "${EXP_COMMIT:-}" ]; then
     EXP_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-    # logs and plots under dev/experiments do not make the trainer dirty
-    if [ -n "$(git status --porcelain -- . ':!dev/experiments' 2>/dev/null)" ]; then EXP_COMMIT+="+dirty"; fi
+    # new records and changed study scripts do not change what the trainer computes
+    if [ -n "$(git status --porcelain -- . ':!dev/results' ':!dev/experiments' 2>/dev/null)" ]; then EXP_COMMIT+="+dirty"; fi
 fi
 # What decides a run's numbers: a complete log made with other settings is kept, with a warning.
 SETTINGS="TRAINER=$TRAINER EXP_MODEL=$EXP_MODEL EXP_B=$EXP_B EXP_T=$EXP_T EXP_STEPS=$EXP_STEPS EXP_EVAL=$EXP_EVAL"
@@ -94,7 +94,8 @@ run() {
     # shellcheck disable=SC2206   # EXP_FLAGS is split into words on purpose
     cmd+=("$@" $EXP_FLAGS)
 
-    # Flags this binary does not know yet (-M, -K are being added) skip the run instead of failing it.
+    # A flag this binary does not know skips the run instead of failing it (an older trainer, or
+    # a study written ahead of the trainer).
     local usage missing=()
     usage=$("$TRAINER" -h 2>&1 || true)
     for f in "${cmd[@]:1}"; do

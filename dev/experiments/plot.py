@@ -39,7 +39,7 @@ def smoothed(r):
 
 def plot(out, title, runs, tmp):
     # The y range ends a little above the highest start, so that a diverged run leaves the plot
-    # instead of squashing the others (its numbers are in RESULTS.md).
+    # instead of squashing the others (its numbers are on the results page).
     top, low = 0.0, math.inf
     train_plots, val_plots = [], []
     for k, r in enumerate(runs):

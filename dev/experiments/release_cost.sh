@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# release_cost.sh TRAIN.bin [VAL.bin] — issue P14: what gradient release and its clipping rules cost in
-# speed and memory. On one GPU, one run at a time, flash AdamW d12 in each shape of SHAPES (BxTxSTEPS:
-# the trainer's GPU shape, and clip_release.sh's small one, where launches weigh most), without
+# release_cost.sh TRAIN.bin [VAL.bin]: what gradient release and its clipping rules cost in speed and
+# memory. On one GPU, one run at a time, flash AdamW d12 in each shape of SHAPES (BxTxSTEPS: the
+# trainer's GPU shape, and clip_release.sh's small one, where launches weigh most), without
 # evaluation: exact clipping without release (-R 0 -N exact -g 1), release
 # unclipped (-R 1 -g 0), release clipped with the previous step's norm (-R 1 -N prev -g 1) and with
 # this step's norm estimated layer by layer (-R 1 -N est -g 1). ROUNDS rounds, the four in turn in
-# each, so that a drift of the GPU's clock touches every rule alike. Logs: COST_LOGS/<rule>_b<B>t<T>_r<round>.log (a
-# complete one is kept); clip_results.py's cost table (CLIP_RESULTS.md) takes the median of the rounds.
-# Settings: TRAINER SHAPES ROUNDS GPU COST_LOGS EXP_COMMIT, FLAGS (more trainer flags, last: they win).
+# each, so that a drift of the GPU's clock touches every rule alike. Logs:
+# CLIP_OUT/logs/release_cost/<rule>_b<B>t<T>_r<round>.log (a complete one is kept); clip_results.py's
+# cost table (CLIP_OUT.md) takes the median of the rounds.
+# Settings: TRAINER SHAPES ROUNDS GPU CLIP_OUT EXP_COMMIT, FLAGS (more trainer flags, last: they win).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 TRAIN.bin [VAL.bin]" >&2; exit 2; }
 train=$1; val=${2:-${1/train/val}}
-: "${TRAINER:=build/train_gpt2_8bit_cuda}" "${SHAPES:=16x1024x150 8x128x600}" "${ROUNDS:=3}" "${GPU:=0}" "${COST_LOGS:=dev/experiments/release_cost_logs}" "${FLAGS:=}"
+: "${TRAINER:=build/train_gpt2_8bit_cuda}" "${SHAPES:=16x1024x150 8x128x600}" "${ROUNDS:=3}" "${GPU:=0}" "${CLIP_OUT:=dev/results/clipping}" "${FLAGS:=}"
+COST_LOGS=$CLIP_OUT/logs/release_cost
 mkdir -p "$COST_LOGS"
 rules=("exact|-R 0 -N exact -g 1" "noclip_release|-R 1 -g 0" "prev_release|-R 1 -N prev -g 1" "est_release|-R 1 -N est -g 1")
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -32,4 +34,4 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
   done
 done
-python3 dev/experiments/clip_results.py "$(dirname "$COST_LOGS")/clip_release_logs" --print
+python3 dev/experiments/clip_results.py "$CLIP_OUT" --print

@@ -3,12 +3,12 @@
 # (CUDA_VISIBLE_DEVICES), the most important runs first (ORDER), each writing its own log. A run
 # whose log is complete is not made again, so a start cut off by a time limit goes on where it stopped
 # at the next start; EXP_BUDGET (seconds) starts no run that would not end in time and stops the
-# trainer at the limit. At the end: the copies (same), the plots, RESULTS.md and a short table.
+# trainer at the limit. At the end: the copies (same), the plots, the results page and a short table.
 # Settings: common.sh and README.md. More:
 #   EXP_WORKERS    runs at once (default: the GPUs nvidia-smi lists, else 1); worker k gets GPU k
 #   EXP_BUDGET     seconds from now in which every run must end (default: none)
 #   EXP_STUDIES    the studies to queue (default: study1_recipes study3_seeds study2_ablations study4_scale)
-#   EXP_RESUME     a folder with logs/ from earlier starts (e.g. dev/experiments when EXP_OUT is
+#   EXP_RESUME     a folder with logs/ from earlier starts (e.g. dev/results/studies when EXP_OUT is
 #                  elsewhere): its complete logs are copied into EXP_OUT first and not rerun
 #   EXP_BUILD      1 (default): make the trainer first when nvcc is there (incremental)
 #   EXP_DRY        1: print the queue in its order (and the copies) and stop

@@ -1,4 +1,5 @@
-"""scale_accuracy_peers.py — issue P10's accuracy run on the GPU, every optimizer on the same tensors.
+"""scale_accuracy_peers.py: how close each 8-bit optimizer ends to fp32 AdamW, on the GPU, every optimizer
+on the same tensors (the flash group scales' accuracy run; its CPU twin is dev/bench/scale_accuracy.c).
 
 n = 2^22; p0 = 0.02 randn rounded to bf16; per element a fixed scale s = 1e-3 exp(0.5 randn); the
 gradient of step t is (randn + 0.3) s rounded to bf16; AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8,
