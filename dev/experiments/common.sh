@@ -101,7 +101,7 @@ run() {
     for f in "${cmd[@]:1}"; do
         if [[ $f == -? ]] && ! grep -q -- "^  $f <" <<< "$usage"; then missing+=("$f"); fi
     done
-    if [ ${#missing[@]} -gt 0 ]; then skip "$log" "this trainer does not accept ${missing[*]} yet ($TRAINER -h)"; return 0; fi
+    if [ ${#missing[@]} -gt 0 ]; then skip "$log" "this trainer does not accept ${missing[*]} ($TRAINER -h)"; return 0; fi
     if [ "$(get -R "${cmd[@]:1}")" = 1 ] && [ "$EXP_DEVICE" = cpu ]; then
         skip "$log" "gradient release (-R 1) is GPU-only; the trainer refuses it on the CPU"; return 0
     fi
