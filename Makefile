@@ -39,9 +39,13 @@ endif
 # the GPU trainer test links CUDA; the harness (test.h's runner) is built once, for every test program
 TEST_SRCS := $(filter-out test/test_train_gpu.c test/test_harness.c,$(wildcard test/test_*.c))
 HEADERS   := bnb8.h test/test.h
-# The trainer: its main file, the CPU model and the data side (gpt2_cuda.cu joins in the CUDA build).
-TRAIN_SRCS    := train_gpt2_8bit.c gpt2_cpu.c gpt2_data.c train_nccl.c
-TRAIN_HEADERS := train_gpt2_8bit.h gpt2.h gpt2_cpu.h gpt2_data.h gpt2_cuda.h bnb8.h
+# The trainer: its main file (the run) and its rooms in trainer/ (settings, tensors, checkpoints,
+# clipping, NCCL, the optimizer, the two device rows, the CPU model and the data side; gpt2_cuda.cu
+# joins in the CUDA build). No -Itrainer: trainer/nccl.h would hide NCCL's own <nccl.h>, so the files
+# of trainer/ include each other by their own directory and everything else says trainer/.
+TRAIN_ROOMS   := settings tensors checkpoint clip nccl optimizer device_cpu device_gpu
+TRAIN_SRCS    := train_gpt2_8bit.c $(TRAIN_ROOMS:%=trainer/%.c) trainer/gpt2_cpu.c trainer/gpt2_data.c
+TRAIN_HEADERS := $(wildcard trainer/*.h) bnb8.h
 
 .PHONY: all info test test-full test-asan corpus fuzz test-gpu test-gpu-sanitize test-gpt2-gpu bench bench-cpu scale-accuracy clean
 all: info $(BUILD)/libbnb8.a $(if $(NVCC),$(BUILD)/train_gpt2_8bit_cuda)
@@ -89,6 +93,7 @@ $(BUILD)/readme_example: README.md $(BUILD)/bnb8.o | $(BUILD)
 test: info $(BUILD)/readme_example $(BUILD)/test_cpu
 	./$(BUILD)/readme_example
 	./$(BUILD)/test_cpu
+	CC="$(CC)" CFLAGS="-O0 $(if $(OPENMP),-fopenmp) $(if $(NCCL),$(TRAIN_CUDA_FLAGS))" sh test/check_layers.sh
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs it too).
 test-asan:
@@ -143,7 +148,7 @@ $(BUILD)/train_gpt2_8bit: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/bnb8.o | $(BUI
 # on the GPU), else the CPU trainer; `make train GPU=` picks the CPU trainer, `GPU=1` the CUDA one.
 GPU ?= $(if $(GPU_CC),1)
 TRAIN_BIN := $(if $(and $(NVCC),$(GPU)),$(BUILD)/train_gpt2_8bit_cuda,$(BUILD)/train_gpt2_8bit)
-# Several GPUs (train_nccl.c): NCCL (nccl.h and libnccl.so.2) from NCCL_HOME, else the CUDA toolkit,
+# Several GPUs (trainer/nccl.c): NCCL (nccl.h and libnccl.so.2) from NCCL_HOME, else the CUDA toolkit,
 # else PyTorch's (the nvidia-nccl wheel); without it the CUDA trainer still builds and refuses ranks
 # with a message.
 comma := ,
@@ -177,7 +182,7 @@ $(BUILD)/bench_cpu: dev/bench/bench_cpu.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
 bench-cpu: info $(BUILD)/bench_cpu
 	./$(BUILD)/bench_cpu
 
-# Flash AdamW's distance from fp32 AdamW by the group scales' dtype (issue P10's run, CPU, ~minutes).
+# Flash AdamW's distance from fp32 AdamW by the group scales' dtype (CPU, minutes).
 $(BUILD)/scale_accuracy: dev/bench/scale_accuracy.c $(BUILD)/bnb8.o bnb8.h | $(BUILD)
 	$(CC) $(CFLAGS) -O3 $< $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
@@ -200,19 +205,19 @@ $(BUILD)/libbnb8_shim.so: dev/bench/peers/bnb8_shim.c bnb8.c bnb8_cuda.cu bnb8.h
 	$(CC) $(CFLAGS) -fPIC -c dev/bench/peers/bnb8_shim.c -o $(BUILD)/pic/bnb8_shim.o
 	$(NVCC) -shared $(BUILD)/pic/bnb8_cuda.o $(BUILD)/pic/bnb8.o $(BUILD)/pic/bnb8_shim.o -o $@ -lgomp
 
-# The GPU GPT-2 model (gpt2_cuda.cu, cuBLASLt) and its device test against the trainer's CPU model
-# (test/gpt2_cpu_ref.c: gpt2_cpu.h behind plain C calls, linked with gpt2_cpu.o and gpt2_data.o).
-$(BUILD)/gpt2_cuda.o: gpt2_cuda.cu gpt2_cuda.h gpt2.h bnb8.h | $(BUILD)
+# The GPU GPT-2 model (trainer/gpt2_cuda.cu, cuBLASLt) and its device test against the trainer's CPU
+# model (test/gpt2_cpu_ref.c: gpt2_cpu.h behind plain C calls, linked with gpt2_cpu.o and gpt2_data.o).
+$(BUILD)/gpt2_cuda.o: trainer/gpt2_cuda.cu trainer/gpt2_cuda.h trainer/gpt2.h bnb8.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $(if $(OPENMP),-Xcompiler -fopenmp) -c $< -o $@
 
 $(BUILD)/gpt2_cpu_ref.o: test/gpt2_cpu_ref.c test/gpt2_cpu_ref.h $(TRAIN_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/gpt2_%.o: gpt2_%.c $(TRAIN_HEADERS) | $(BUILD)
+$(BUILD)/gpt2_%.o: trainer/gpt2_%.c $(TRAIN_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -c $< -o $@
 
 GPT2_REF_OBJS := $(BUILD)/gpt2_cpu_ref.o $(BUILD)/gpt2_cpu.o $(BUILD)/gpt2_data.o
-$(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h test/test.h | $(BUILD)
+$(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a trainer/gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h test/test.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
 
 $(BUILD)/test_train_gpu: test/test_train_gpu.c $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a test/test.h | $(BUILD)

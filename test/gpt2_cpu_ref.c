@@ -3,8 +3,8 @@ gpt2_cpu_ref.c — the CPU model (gpt2_cpu.h) as the reference of the GPU model'
 gpt2_cpu_ref.h. Compiled by the C compiler with the library's CFLAGS and linked into
 build/test_gpt2_cuda with gpt2_cpu.c and gpt2_data.c.
 */
-#include "gpt2_cpu.h"
-#include "gpt2_data.h"
+#include "trainer/gpt2_cpu.h"
+#include "trainer/gpt2_data.h"
 #include "test/gpt2_cpu_ref.h"
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
-test_faults.c — reliability (DESIGN.md §11, issue P8): the trainer killed at random points while it
+test_faults.c — reliability (DESIGN.md §11): the trainer killed at random points while it
 writes checkpoints, a full disk during a save, NaN and Inf in gradients and in loaded weights, and
 the size limits of the API.
 
@@ -14,8 +14,14 @@ would show.
 8-bit recipe and 30 with the flash recipe.
 BNB8_TEST_VERBOSE=1 prints the counts and the messages.
 */
+#define BNB8_INTERNAL   // bnb8_bits_f32: a quiet NaN of given bits
 #define _POSIX_C_SOURCE 200809L
-#include "train_gpt2_8bit.h"
+#include "trainer/trainer.h"
+#include "trainer/settings.h"
+#include "trainer/tensors.h"
+#include "trainer/checkpoint.h"
+#include "trainer/clip.h"
+#include "trainer/device.h"
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
@@ -754,7 +760,7 @@ static void test_api_limits(void) {
 // ------------------------------------------------------------------------------------------------
 
 // ------------------------------------------------------------------------------------------------
-// 5. The checkpoint directory's rules (issue P13, findings 2-7): a fresh run into a directory with
+// 5. The checkpoint directory's rules: a fresh run into a directory with
 //    checkpoints is refused; one directory, one run (a lock); files of different checkpoints are
 //    found (and resume falls back past them); steps past 10^8 are found; -o paths longer than the old
 //    1024-byte buffers work, longer than the limit are refused; an unwritable -o is found at start.
@@ -885,7 +891,7 @@ void tests_faults(void) {
     test_run(ffull ? "faults: 100 + 30 SIGKILLs during checkpoint writes (8bit, flash); resume is bit-exact"
                    : "faults: SIGKILLs during checkpoint writes (8bit, flash); resume is bit-exact",
              test_kill_during_checkpoints);
-    test_run("faults: full disk during a save: clean failure, old checkpoint kept", test_full_disk);
+    test_run("faults: full disk during a save: clean failure, the previous checkpoint kept", test_full_disk);
     test_run("faults: NaN/Inf gradients: the trainer skips the step and says so", test_nonfinite_gradients);
     test_run("faults: NaN/Inf weights are refused at load and never checkpointed; resume falls back past them",
              test_nonfinite_weights);

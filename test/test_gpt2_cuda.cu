@@ -27,7 +27,7 @@ test_gpt2_cuda.cu — the GPU GPT-2 model (gpt2_cuda.cu) against the trainer's C
 GPT2_TEST_QUICK=1: the small configurations only (for compute-sanitizer). The harness is test/test.h's:
 random weights and tokens from TEST_SEED (printed; set it to repeat a run), TEST_ONLY=text picks tests.
 */
-#include "gpt2_cuda.h"
+#include "trainer/gpt2_cuda.h"
 #include "bnb8.h"
 #include "test/gpt2_cpu_ref.h"
 #include "test/test.h"
@@ -885,12 +885,12 @@ static void test_errors(void) {
     printf("  bad config: %s\n", gpt2_cuda_last_error());
     GPT2CudaConfig bad_recompute = {64, 100, 128, 2, 4, 64, 0, 2};
     EXPECT(gpt2_cuda_create(&m, &bad_recompute, GPT2_CUDA_FP32, 2, 16) == -1 && m == NULL, "recompute = 2 accepted");
-    // P13, finding 1: the issue's shape (L=512 C=128 NH=128, B=128, T=maxT=2^20: L B NH T^2 = 2^63),
+    // A shape whose activations overflow (L=512 C=128 NH=128, B=128, T=maxT=2^20: L B NH T^2 = 2^63),
     // refused by its activation size before any device memory (1 GB of weights) is allocated; and a
     // shape limit by name
     GPT2CudaConfig huge = {1 << 20, 64, 64, 512, 128, 128, 0, 0};
     EXPECT(gpt2_cuda_create(&m, &huge, GPT2_CUDA_BF16, 128, 1 << 20) == -1 && m == NULL &&
-           strstr(gpt2_cuda_last_error(), "2^52"), "the issue's activation sizes: '%s'", gpt2_cuda_last_error());
+           strstr(gpt2_cuda_last_error(), "2^52"), "activation sizes past 2^52 bytes: '%s'", gpt2_cuda_last_error());
     printf("  huge activations: %s\n", gpt2_cuda_last_error());
     GPT2CudaConfig deep = {64, 100, 128, 4097, 4, 64, 0, 0};
     EXPECT(gpt2_cuda_create(&m, &deep, GPT2_CUDA_FP32, 2, 16) == -1 && m == NULL && strstr(gpt2_cuda_last_error(), "L must"),

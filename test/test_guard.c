@@ -1,12 +1,17 @@
 /*
-test_guard.c — what the trainer and the library refuse or stop on, and the checks a mutation run
-found missing (issue P13): activation sizes that would overflow, shapes past their limits, runs
-whose loss stays non-finite, files that are not regular files, trainer state fields, -v 0, stale
-temporaries; the weight decay of the trainer's tensors, the LAMB / LARS trust ratio, the ECC code
+test_guard.c — what the trainer and the library refuse or stop on: activation sizes that would
+overflow, shapes past their limits, runs whose loss stays non-finite, files that are not regular
+files, trainer state fields, -v 0, stale temporaries; the weight decay of the trainer's tensors, the LAMB / LARS trust ratio, the ECC code
 of a negative tie, the trainer's clip scale. BNB8_TEST_VERBOSE=1 prints the messages.
 */
+#define BNB8_INTERNAL   // bnb8_trust_ratio, bnb8_ecc_code, bnb8_ecc8_code_fast: the library's per-element math
 #define _POSIX_C_SOURCE 200809L   // mkdtemp, mkfifo
-#include "train_gpt2_8bit.h"
+#include "trainer/trainer.h"
+#include "trainer/settings.h"
+#include "trainer/tensors.h"
+#include "trainer/checkpoint.h"
+#include "trainer/clip.h"
+#include "trainer/device.h"
 #include "test.h"
 #include <stdlib.h>
 #include <string.h>
@@ -75,19 +80,19 @@ static int count_done(const char *dir) {
     return n;
 }
 
-// Finding 1: the issue's reproduction (L=512, NH=128, B=128, T=maxT=2^20: L B NH T^2 = 2^63) is
+// A shape whose activations overflow (L=512, NH=128, B=128, T=maxT=2^20: L B NH T^2 = 2^63) is
 // refused naming the limit, before the weights (1 GB) or the 2^27-token file are touched (the
 // token file named does not exist); under UBSan no product overflows. Shapes past a limit name it.
 static void test_activation_overflow(void) {
     TrainArgs a;
     small_args(&a, 1);
     a.model = "d512c128h128v64t1048576"; a.B = 128; a.T = 1048576; a.train_path = "/nonexistent/tokens.bin";
-    expect_message(train_run(&a, NULL), "2^52", "the issue's activation sizes");
+    expect_message(train_run(&a, NULL), "2^52", "activation sizes past 2^52 bytes");
     EXPECT(!strstr(train_error_text, "tokens.bin"), "the token file was opened first: '%s'", train_error_text);
     GPT2Config c;
     int64_t sizes[NUM_ACT_TENSORS];
     EXPECT(gpt2_config_from_descriptor(&c, "d512c128h128v64t1048576") == 0, "%s", train_error_text);
-    expect_message(gpt2_act_sizes(&c, 128, 1048576, sizes), "2^52", "gpt2_act_sizes, the issue's batch");
+    expect_message(gpt2_act_sizes(&c, 128, 1048576, sizes), "2^52", "gpt2_act_sizes, a batch past 2^52 bytes");
     expect_message(gpt2_act_sizes(&c, INT64_C(1) << 40, INT64_C(1) << 40, sizes), "2^52", "gpt2_act_sizes, B = T = 2^40");
     EXPECT(gpt2_act_sizes(&c, 1, 16, sizes) == 0 && sizes[10] == 512 * 128 * 16 * 16, "a small batch: %s", train_error_text);
     // every limit by name (the old message blamed "C a multiple of NH, Vp >= V" for all of them)
@@ -101,7 +106,7 @@ static void test_activation_overflow(void) {
     expect_message(gpt2_config_check(&c, "V 2^24 + 1"), "V must be in 1..16777216", "V 2^24 + 1");
 }
 
-// Finding 10: a model whose every weight is 3e38 (finite: it loads) gives a NaN loss at every
+// A model whose every weight is 3e38 (finite: it loads) gives a NaN loss at every
 // step: the run stops after TRAIN_MAX_BAD_STEPS with an error and writes no checkpoint. A run whose
 // gradients turn NaN from step 4 skips steps 4..13 (each checkpoint of them holds the weights of
 // step 3, whose loss is finite) and stops at 13. A run whose gradients become 1e36 at step 4 (SGD,
@@ -168,12 +173,12 @@ static void test_divergence_stops(void) {
     test_remove_tree(out, 1);
 }
 
-// Finding 13: files that are not regular files are refused at once, naming what they are, by the
+// Files that are not regular files are refused at once, naming what they are, by the
 // trainer and by the library (bnb8_open_regular, which the trainer wraps; a FIFO
-// used to block fopen forever: here a writer is held open, so that the old code could not hang);
+// would block fopen forever: here a writer is held open, so that a regression shows as a failure, not a hang);
 // -R 1 on the CPU names -D gpu; a trainer state field out of range is named; -v 0 never evaluates;
 // temporaries of an interrupted run are removed at start; -l x -c >= 1 is refused naming the flags.
-static void test_small_findings(void) {
+static void test_inputs_and_fields(void) {
     char fifo[128], path[128];
     gpath(fifo, sizeof fifo, "fifo");
     EXPECT(mkfifo(fifo, 0600) == 0, "mkfifo");
@@ -233,7 +238,7 @@ static void test_small_findings(void) {
     test_remove_tree(out, 1);
 }
 
-// Findings 8 and 9: a resumed run continues its checkpoint's model, RNG and data position. An -e
+// A resumed run continues its checkpoint's model, RNG and data position. An -e
 // (descriptor or .bin) of another shape, a -w of the other StableEmbedding and an -i of other tokens
 // (the same count, or another) are refused, naming the flag; an -e left out (or of the same shape)
 // takes the checkpoint's model; a -d of another seed is noted, the checkpoint's RNG continues (the
@@ -454,10 +459,10 @@ void tests_guard(void) {
     write_tokens(path, 4096);
     gpath(path, sizeof path, "val.bin");
     write_tokens(path, 1024);
-    test_run("guard: activation sizes past 2^52 bytes and shapes past a limit are refused, naming it (P13)", test_activation_overflow);
-    test_run("guard: a loss not finite 10 steps in a row stops the run; no checkpoint from it (P13)", test_divergence_stops);
-    test_run("guard: FIFO, directory and device inputs, -R 1 on the CPU, state fields, -v 0, stale .tmp (P13)", test_small_findings);
-    test_run("guard: resume refuses -e, -w, -i of another model or data, notes -d; -x at or below it, -x without -o (P13)",
+    test_run("guard: activation sizes past 2^52 bytes and shapes past a limit are refused, naming it", test_activation_overflow);
+    test_run("guard: a loss not finite 10 steps in a row stops the run; no checkpoint from it", test_divergence_stops);
+    test_run("guard: FIFO, directory and device inputs, -R 1 on the CPU, state fields, -v 0, stale .tmp", test_inputs_and_fields);
+    test_run("guard: resume refuses -e, -w, -i of another model or data, notes -d; -x at or below it, -x without -o",
              test_resume_flags);
     test_run("guard: weight decay reaches the matrices and embeddings only", test_decay_reaches_matrices_only);
     test_run("guard: LAMB / LARS trust ratio: clipped and unclipped steps", test_trust_ratio);

@@ -14,10 +14,11 @@ total after n), the state memory: an fp32 master (n floats), per state absmax (8
 block) or scales (flash: one per group of 32), 32-bit states (n floats each), an int8/int16
 correction (n), codes (n bytes per state); then the weights (none beside an fp32 master).
 */
+#define BNB8_INTERNAL   // bnb8_store and bnb8_load: the per-element writes and reads of the shards' arrays
 #define _POSIX_C_SOURCE 200809L   // mkdtemp
 #include "test.h"
 #include "bnb8.h"
-#include "train_gpt2_8bit.h"   // nccl_layout, nccl_part
+#include "trainer/tensors.h"   // shard_layout, shard_part
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -394,7 +395,7 @@ static void test_shard_refused(void) {
     }
 }
 
-// The trainer's layout over NCCL (train_nccl.c): every tensor at a multiple of 4096 in G, rank r
+// The trainer's layout over NCCL (trainer/tensors.c, shard_layout): every tensor at a multiple of 4096 in G, rank r
 // owning [r S, (r + 1) S). Each tensor's parts over the ranks tile it in rank order at multiples of
 // 4096 of the tensor; ranks each stepping their parts (the same gradients: the reduce-scatter's mean
 // of identical ranks) give the one-optimizer weights bit for bit, 8-bit blocks of 4096 and flash.
@@ -408,7 +409,7 @@ static void test_trainer_layout(void) {
                 n[j] = j % 3 == 0 ? 1 + (int64_t)(test_uniform(&rng) * 2000) : 4096 * (int64_t)(test_uniform(&rng) * 6) + 1 + (int64_t)(test_uniform(&rng) * 9000);
                 total += n[j];
             }
-            int64_t S = nccl_layout(n, T, N, at);
+            int64_t S = shard_layout(n, T, N, at);
             EXPECT(S % 4096 == 0 && S * N >= at[T - 1] + n[T - 1], "N %d: S %lld", N, (long long)S);
             bnb8_config c = bnb8_config_default(BNB8_ADAMW);
             c.format = form ? BNB8_STATE_FLASH : BNB8_STATE_8BIT;
@@ -427,7 +428,7 @@ static void test_trainer_layout(void) {
                 int64_t covered = 0;
                 for (int r = 0; r < N; r++) {
                     int64_t off, cnt;
-                    if (!nccl_part(at[j], n[j], S, r, &off, &cnt)) continue;
+                    if (!shard_part(at[j], n[j], S, r, &off, &cnt)) continue;
                     EXPECT(off == covered && off % 4096 == 0 && ((off + cnt) % 4096 == 0 || off + cnt == n[j]) &&
                            at[j] + off >= r * S && at[j] + off + cnt <= (r + 1) * S, "N %d: tensor %d's part on rank %d: [%lld, +%lld)",
                            N, j, r, (long long)off, (long long)cnt);
@@ -457,9 +458,9 @@ static void test_trainer_layout(void) {
 void tests_shard(void) {
     snprintf(dir, sizeof dir, "/tmp/bnb8_shard_XXXXXX");
     if (!mkdtemp(dir)) { printf("test_shard: mkdtemp failed\n"); return; }
-    test_run("shard: N = 1..8 shards of every kind and format step the whole tensor's bits (P15)", test_shard_parity);
-    test_run("shard: files per shard round-trip; another sharding is refused (P15)", test_shard_files);
-    test_run("shard: ranges that split a block or need the whole tensor are refused (P15)", test_shard_refused);
-    test_run("shard: the trainer's NCCL layout tiles every tensor at 4096; N ranks step one optimizer's bits (P15)", test_trainer_layout);
+    test_run("shard: N = 1..8 shards of every kind and format step the whole tensor's bits", test_shard_parity);
+    test_run("shard: files per shard round-trip; another sharding is refused", test_shard_files);
+    test_run("shard: ranges that split a block or need the whole tensor are refused", test_shard_refused);
+    test_run("shard: the trainer's NCCL layout tiles every tensor at 4096; N ranks step one optimizer's bits", test_trainer_layout);
     test_remove_tree(dir, 1);
 }

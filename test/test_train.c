@@ -11,7 +11,12 @@ a synthetic 64-token language, so the whole group runs in seconds, under ASan to
 measured numbers (gradient errors, losses, the 8-bit vs fp32 gap).
 */
 #define _POSIX_C_SOURCE 200809L
-#include "train_gpt2_8bit.h"
+#include "trainer/trainer.h"
+#include "trainer/settings.h"
+#include "trainer/tensors.h"
+#include "trainer/checkpoint.h"
+#include "trainer/clip.h"
+#include "trainer/device.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -401,7 +406,7 @@ static void test_training(void) {
 static void spit(const char *path, const uint8_t *d, int64_t size);
 static uint8_t *slurp(const char *path, int64_t *size);
 
-// The checkpoint of step k in dir rewritten in the layout before P12 (trainer state version 1), into
+// The checkpoint of step k in dir rewritten in the version 1 layout (trainer state version 1), into
 // old: model_k.bin (the fp32 masters, llm.c version 3), optim_k.bin as a version 1 optimizer file
 // (test_state_file_v1), state_k.bin as the 16 words of version 1, DONE_k. 1 on success.
 static int write_old_layout(const char *dir, const char *old, int64_t k, const GPT2Config *c, const float *masters) {
@@ -434,7 +439,7 @@ static int write_old_layout(const char *dir, const char *old, int64_t k, const G
 }
 
 // Stop after k steps, resume: the later losses and the final weights equal an uninterrupted run's.
-// With old_layout, the checkpoint rewritten in the layout before P12 resumes the same; without its
+// With old_layout, the checkpoint rewritten in the version 1 layout resumes the same; without its
 // model file it is refused, saying so. rule: -N (-1: the default, exact without release).
 static void resume_case(const char *recipe, const char *optimizer, int stable, int old_layout, int rule) {
     const int64_t N = 12, K = 5;
@@ -503,7 +508,7 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
         remove(model);
         EXPECT(train_run(&o, NULL) != 0 && strstr(train_error_text, "older layout") && strstr(train_error_text, model),
                "%s: old layout without its model file: '%s'", recipe, train_error_text);
-        if (tverbose) printf("    %s %s: the checkpoint in the layout before P12 resumed bit-exactly; without its model "
+        if (tverbose) printf("    %s %s: the checkpoint in the version 1 layout resumed bit-exactly; without its model "
                              "file: %s\n", recipe, optimizer, train_error_text);
         free(wc);
         test_remove_tree(dir_c, 1);
@@ -1406,7 +1411,7 @@ static void test_est_rule(void) {
     free(w0); free(w1);
 }
 
-// Checkpoints over NCCL (train_nccl.c) by what the CPU build reaches: the rank files' names, the
+// Checkpoints over NCCL (trainer/nccl.c) by what the CPU build reaches: the rank files' names, the
 // check that every rank's file is there, the trainer state's word 27 (the ranks), and a resume with
 // another number of ranks refused with a message that says how to resume (a checkpoint made as by
 // 2 ranks, resumed by this single process); asking for ranks without NCCL built is refused.
@@ -1601,7 +1606,7 @@ void tests_train(void) {
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
     test_run("train: 50 steps lower the loss; 8bit, flash and 8bit-int8 within 2% of fp32; bytes per parameter", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd; the old layout)",
+    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd; the version 1 layout)",
              test_resume);
     test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125 bytes/param",
              test_checkpoint_sizes);

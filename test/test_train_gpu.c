@@ -22,10 +22,10 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
            fp32 parity model; each checkpoint's bytes
            equal the formats' (fp32 and 8bit: an fp32 master and no bf16 weights; about 12, 6.03,
            5.03, 5.125 bytes per parameter);
-  nccl     the data parallel path (train_nccl.c) with one rank (BNB8_RANKS=1): every recipe, 8 steps
+  nccl     the data parallel path (trainer/nccl.c) with one rank (BNB8_RANKS=1): every recipe, 8 steps
            of -N prev and -N est (each without and with gradient release) and of -N exact, with some
            clipped, equals the plain GPU path bit for bit (losses, norms, masters, steps clipped); -N
-           exact with release is refused over NCCL with a message (P15); checkpoints with one rank: its file
+           exact with release is refused over NCCL with a message; checkpoints with one rank: its file
            optim_s.rank0of1.bin, stop at 3 + resume to 6 bit-exact (flash, 8bit, flash + release), a damaged or missing
            rank file falls back to the checkpoint before, a resume by another number of ranks (a single
            process) refused, saying how;
@@ -37,7 +37,12 @@ same trainer on the CPU: `make test-gpt2-gpu` runs it after the model's own test
 Data: the embedded fortunes files. The last line is "N passed, M failed"; exit status 1 on failure.
 */
 #define _POSIX_C_SOURCE 200809L   // setenv
-#include "train_gpt2_8bit.h"
+#include "trainer/trainer.h"
+#include "trainer/settings.h"
+#include "trainer/tensors.h"
+#include "trainer/checkpoint.h"
+#include "trainer/clip.h"
+#include "trainer/device.h"
 #include "test/test.h"
 #include <stdlib.h>
 #include <string.h>
@@ -525,8 +530,8 @@ int main(void) {
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
     test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2 and -N exact", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);
-    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit, -N prev, exact and est (P15)", test_nccl_one_rank);
-    test_run("trainer: NCCL checkpoints, one rank: stop and resume bit-exact, fall back, another N refused (P15)", test_nccl_resume);
+    test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit, -N prev, exact and est", test_nccl_one_rank);
+    test_run("trainer: NCCL checkpoints, one rank: stop and resume bit-exact, fall back, another N refused", test_nccl_resume);
     test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
     return test_summary();
 }

@@ -15,7 +15,9 @@ they are sane) on a fixed tokens file. A resume that works must start from a com
 newest, or an earlier one when the newer are damaged) and leave a complete checkpoint one step on.
 */
 #define _POSIX_C_SOURCE 200809L
-#include "../../train_gpt2_8bit.h"
+#include "../../trainer/trainer.h"
+#include "../../trainer/settings.h"
+#include "../../trainer/checkpoint.h"
 #include <sys/stat.h>
 #include "fuzz_util.h"
 #include "../../test/test.h"

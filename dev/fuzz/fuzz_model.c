@@ -5,8 +5,8 @@ forward pass and survive a save / load round trip bit for bit; everything else m
 a message naming the file. ASan / UBSan / LeakSanitizer catch the rest.
 */
 #define _POSIX_C_SOURCE 200809L
-#include "../../gpt2_cpu.h"
-#include "../../gpt2_data.h"
+#include "../../trainer/gpt2_cpu.h"
+#include "../../trainer/gpt2_data.h"
 #include "fuzz_util.h"
 
 // Seeds: tiny models as fp32 and bf16 files, with and without StableEmbedding, Vp > V.

@@ -3,7 +3,7 @@ fuzz_tokenizer.c — libFuzzer harness for the trainer's llm.c tokenizer loader 
 input is the file; a tokenizer that loads prints every token (to /dev/null) and ids out of range.
 */
 #define _POSIX_C_SOURCE 200809L
-#include "../../gpt2_data.h"
+#include "../../trainer/gpt2_data.h"
 #include "fuzz_util.h"
 
 // Seeds: a 1-token and an 8-token vocabulary (bytes of every kind, one 255-byte token).

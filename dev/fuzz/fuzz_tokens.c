@@ -3,7 +3,7 @@ fuzz_tokens.c — libFuzzer harness for the trainer's llm.c tokens loader (token
 that follow it in train_run (tokens_check_vocab, loader_init / loader_next). The input is the file.
 */
 #define _POSIX_C_SOURCE 200809L
-#include "../../gpt2_data.h"
+#include "../../trainer/gpt2_data.h"
 #include "fuzz_util.h"
 
 // Seeds: files of 0, 1, 7 and 100 tokens.

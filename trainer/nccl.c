@@ -1,5 +1,5 @@
 /*
-train_nccl.c — the trainer on several GPUs: data parallel over NCCL with the optimizer states
+trainer/nccl.c — the trainer on several GPUs: data parallel over NCCL with the optimizer states
 sharded (ZeRO-1; DESIGN.md §8.8). One process per GPU, launched by `mpirun -np N` (OpenMPI's
 OMPI_COMM_WORLD_* variables; the trainer does not link MPI) or by hand with BNB8_RANK / BNB8_RANKS
 (and BNB8_LOCAL_RANK, default the rank); rank 0 hands NCCL's id to the others through a file
@@ -37,15 +37,19 @@ damaged or missing, every rank falls back to the one before (nccl_agree); then t
 the weights (each restored only its shards). Another number of ranks is refused with a message.
 
 Built with -DTRAIN_NCCL when the Makefile finds nccl.h and libnccl; without it, asking for ranks is
-refused with a message. Not yet: -P fp32 (-N exact with release is refused anywhere). The final
-weights (-X) of several ranks: rank 0 gathers every rank's fp32 masters (nccl_gather_masters).
+refused with a message. The fp32 parity model (-P fp32) is refused here, and -N exact with release
+everywhere. The final weights (-X) of several ranks: rank 0 gathers every rank's fp32 masters
+(nccl_gather_masters).
 
 -N est (the default under release): each backward group's sum of squares over the ranks: each rank's
 fixed partial sums of its shards (gpt2_cuda_clip_partials), all-gathered, added in one fixed order on
 every rank into the group's sum and scale (gpt2_cuda_clip_scale_parts), which the group's step reads.
 */
 #define _POSIX_C_SOURCE 200809L
-#include "train_gpt2_8bit.h"
+#include "nccl.h"
+#include "tensors.h"
+#include "checkpoint.h"
+#include "clip.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,27 +58,7 @@ every rank into the group's sum and scale (gpt2_cuda_clip_scale_parts), which th
 #include <unistd.h>
 #include <sys/stat.h>
 
-#define NCCL_ALIGN 4096   // elements: a multiple of every 8-bit block size and of flash's groups of 32
-
 static const char *env_first(const char *a, const char *b) { const char *v = getenv(a); return v ? v : getenv(b); }
-
-// G's layout: tensor j (n[j] elements) at at[j], a multiple of NCCL_ALIGN; the elements per rank S,
-// a multiple of NCCL_ALIGN, ranks S >= the end of the last tensor.
-int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at) {
-    int64_t end = 0;
-    for (int j = 0; j < count; j++) { at[j] = end; end += (n[j] + NCCL_ALIGN - 1) / NCCL_ALIGN * NCCL_ALIGN; }
-    return (end / NCCL_ALIGN + ranks - 1) / ranks * NCCL_ALIGN;
-}
-
-// The part of a tensor at `at` of n elements that rank holds, [*offset, *offset + *count) of the
-// tensor; 0 when none.
-int nccl_part(int64_t at, int64_t n, int64_t S, int rank, int64_t *offset, int64_t *count) {
-    int64_t lo = rank * S, hi = lo + S, from = at > lo ? at : lo, to = at + n < hi ? at + n : hi;
-    if (from >= to) return 0;
-    *offset = from - at;
-    *count = to - from;
-    return 1;
-}
 
 #ifndef TRAIN_NCCL
 int nccl_setup(Trainer *t) {
@@ -86,7 +70,7 @@ int nccl_setup(Trainer *t) {
     return 0;
 }
 void nccl_pick_device(void) {}
-int nccl_open(Trainer *t) { (void)t; return train_fail("built without NCCL"); }
+int nccl_open(Trainer *t) { (void)t; return 0; }
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) {
     (void)t; (void)j; (void)offset; (void)count; (void)grad; return 1;
 }
@@ -103,7 +87,7 @@ void nccl_print_memory(const Trainer *t) { (void)t; }
 void nccl_free(Trainer *t) { (void)t; }
 int nccl_ranks(const Trainer *t, int *rank) { (void)t; if (rank) *rank = 0; return 0; }
 int nccl_agree(Trainer *t, int status) { (void)t; return status; }
-int nccl_gather_weights(Trainer *t) { (void)t; return train_fail("built without NCCL"); }
+int nccl_gather_weights(Trainer *t) { (void)t; return 0; }
 int nccl_masters(Trainer *t, char *where, size_t size) { (void)t; (void)where; (void)size; return train_fail("built without NCCL"); }
 int nccl_barrier(Trainer *t) { (void)t; return 0; }
 int nccl_gather_masters(Trainer *t, float *out) { (void)t; (void)out; return train_fail("built without NCCL"); }
@@ -237,10 +221,11 @@ int nccl_setup(Trainer *t) {
 }
 
 // G's layout over the optimizer tensors of the GPU model (t->param, t->grad set): each at a
-// multiple of NCCL_ALIGN, ranks S elements each; under release one layout per backward group, two
+// multiple of SHARD_ALIGN, ranks S elements each; under release one layout per backward group, two
 // buffers of the largest. Called before the optimizer is built.
 int nccl_open(Trainer *t) {
     Nccl *c = t->nccl;
+    if (!c) return 0;
     const GPT2 *m = &t->model;
     int L = m->config.num_layers;
     c->es = bnb8_dtype_size(t->lay.weights);
@@ -282,7 +267,7 @@ int nccl_open(Trainer *t) {
             k = group_tensors(t, g, members, grads, n);
         }
         for (int q = 0; q < k; q++) { n[q] = c->n[members[q]]; c->group[members[q]] = g; }
-        c->group_S[g] = nccl_layout(n, k, c->ranks, at);
+        c->group_S[g] = shard_layout(n, k, c->ranks, at);
         for (int q = 0; q < k; q++) c->at[members[q]] = at[q];
         if (c->group_S[g] > c->S) c->S = c->group_S[g];
     }
@@ -321,7 +306,8 @@ static cudaStream_t nccl_stream(const Trainer *t) {
 // gradients in G. 0 when the rank holds none of it (then it is not registered here).
 int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) {
     Nccl *c = t->nccl;
-    if (!nccl_part(c->at[j], c->n[j], c->group_S[c->group[j]], c->rank, offset, count)) return 0;
+    if (!c) return 1;
+    if (!shard_part(c->at[j], c->n[j], c->group_S[c->group[j]], c->rank, offset, count)) return 0;
     char *place = group_buffer(c, c->group[j]) + c->es * (size_t)(c->at[j] + *offset);
     *grad = place;
     c->share_of[j] = c->num_shares;
@@ -332,6 +318,7 @@ int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad) 
 // This rank's batch: the rank-th of the next ranks batches of the loader (one rank: the next).
 void nccl_batch(Trainer *t) {
     Nccl *c = t->nccl;
+    if (!c) { loader_next(&t->loader); return; }
     size_t bt = sizeof(int) * (size_t)(t->a.B * t->a.T);
     for (int r = 0; r < c->ranks; r++) {
         loader_next(&t->loader);
@@ -344,6 +331,7 @@ void nccl_batch(Trainer *t) {
 // The mean of the ranks' losses (one rank: its own, unchanged).
 int nccl_mean_loss(Trainer *t, float *loss) {
     Nccl *c = t->nccl;
+    if (!c) return 0;
     float sum = 0.0f;
     cudaStream_t s = nccl_stream(t);
     if (cuda_check(cudaMemcpyAsync(c->dev_loss, loss, sizeof(float), cudaMemcpyHostToDevice, s), "loss copy") ||
@@ -519,17 +507,17 @@ int nccl_step(Trainer *t, float lr, double *norm, int *skipped) {
         for (int g = 0; t->rule == CLIP_EST && g < t->model.config.num_layers + 2; g++)   // in backward's order
             if (group_step(t, g, lr, 1.0f, s)) return -1;
         if (t->rule != CLIP_EST &&
-            bnb8_optimizer_step(t->opt, lr, step_scale(t->rule == CLIP_EXACT ? *norm : t->prev_norm, t->a.grad_clip, t->a.accum),
+            bnb8_optimizer_step(t->opt, lr, step_scale(clip_norm(t, *norm), t->a.grad_clip, t->a.accum),
                                 (struct CUstream_st *)s))
             return train_fail("optimizer step: %s", bnb8_last_error());
         if (weights_out(c, 0, s)) return -1;
         if (t->rule == CLIP_EXACT) return 0;
     }
-    return t->rule == CLIP_EST ? 0 : rank_order_norm(t, norm);   // est: the trainer's est_finish forms the norm
+    return t->rule == CLIP_EST ? 0 : rank_order_norm(t, norm);   // est: clip.c's est_finish forms the norm
 }
 
 // ------------------------------------------------------------------------------------------------
-// Checkpoints and resume over NCCL (train_gpt2_8bit.h; DESIGN.md §8.8)
+// Checkpoints and resume over NCCL (checkpoint.h; DESIGN.md §8.8)
 
 int nccl_ranks(const Trainer *t, int *rank) {
     if (rank) *rank = t->nccl ? t->nccl->rank : 0;
@@ -540,6 +528,7 @@ int nccl_ranks(const Trainer *t, int *rank) {
 // into every rank's model; waits, so that the first forward finds them.
 int nccl_gather_weights(Trainer *t) {
     Nccl *c = t->nccl;
+    if (!c) return 0;
     cudaStream_t s = nccl_stream(t);
     for (int g = 0; g < c->groups; g++) if (weights_out(c, g, s)) return -1;
     return cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -551,7 +540,7 @@ int nccl_gather_weights(Trainer *t) {
 // newest until they agree.
 int nccl_agree(Trainer *t, int status) {
     Nccl *c = t->nccl;
-    if (!c->comm) return status;
+    if (!c || !c->comm) return status;
     double mine[2] = {status == 0 ? 0.0 : t->damaged ? 1.0 : 2.0, (double)t->start}, lo = INFINITY, hi = -INFINITY;
     double *all = (double *)malloc(sizeof(double) * 2 * (size_t)c->ranks);
     int damaged = -1, failed = -1;
@@ -659,7 +648,7 @@ int nccl_gather_masters(Trainer *t, float *out) {
         int i;
         int64_t within, place = tensor_place(t, j, &i, &within), offset, count;
         for (int r = 0; !status && r < c->ranks; r++) {
-            if (!nccl_part(c->at[j], c->n[j], c->group_S[c->group[j]], r, &offset, &count)) continue;
+            if (!shard_part(c->at[j], c->n[j], c->group_S[c->group[j]], r, &offset, &count)) continue;
             if (r == c->rank && bnb8_optimizer_export_fp32(t->opt, c->share_of[j], r == 0 ? out + place + offset : mine))
                 status = train_fail("export of '%s': %s", gpt2_param_names[i], bnb8_last_error());
             if (!status && r != 0 && (c->rank == 0 || c->rank == r))
@@ -675,14 +664,13 @@ int nccl_gather_masters(Trainer *t, float *out) {
 // Every rank has come here (trainer_open's turns).
 int nccl_barrier(Trainer *t) {
     Nccl *c = t->nccl;
+    if (!c) return 0;
     double mine = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
     int status = all ? nccl_gather(c, &mine, 1, all, nccl_stream(t)) : train_fail("out of memory");
     free(all);
     return status;
 }
 
-static int nothing_writer(FILE *f, const void *ctx) { (void)f; (void)ctx; return 0; }
-static int64_t file_bytes(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
 
 // Every rank's weights checked (none is saved when one rank's are not finite), then each rank's
 // optimizer file and rank 0's trainer state; rank 0 writes DONE once every rank has reported its
@@ -711,14 +699,13 @@ int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int6
     checkpoint_path(state, sizeof state, dir, "state", s->step, ".bin");
     if (bnb8_optimizer_save(t->opt, path)) status = train_fail("%s", bnb8_last_error());
     if (!status && c->rank == 0) status = write_atomically(state, state_writer, s);
-    *own = file_bytes(path);
+    *own = path_size(path);
     mine[0] = status != 0;
-    mine[1] = (double)(*own + (c->rank == 0 ? file_bytes(state) : 0));
+    mine[1] = (double)(*own + (c->rank == 0 ? path_size(state) : 0));
     if (nccl_gather(c, mine, 2, all, st)) { free(all); return -1; }
     for (int r = c->ranks - 1; r >= 0; r--) { if (all[2 * r] != 0.0) failed = r; total += all[2 * r + 1]; }
     if (failed < 0 && c->rank == 0) {   // every rank's file is written: the checkpoint is complete
-        checkpoint_path(path, sizeof path, dir, "DONE", s->step, "");
-        status = write_atomically(path, nothing_writer, NULL);
+        status = checkpoint_done(dir, s->step);
         checkpoint_optim_path(path, sizeof path, dir, s->step, c->rank, c->ranks);
     }
     mine[0] = status != 0;   // rank 0's DONE
@@ -751,12 +738,14 @@ static double exchange_bytes(const Nccl *c) { return (c->G2 ? 2.0 : 1.0) * (doub
 // buffers, and the model's weights outside this rank's shards.
 double nccl_extra_bytes(const Trainer *t) {
     const Nccl *c = t->nccl;
+    if (!c) return 0.0;
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, 0);
     return exchange_bytes(c) + (double)c->es * (double)t->model.num_parameters - mem.weights;
 }
 
 void nccl_print_memory(const Trainer *t) {
     const Nccl *c = t->nccl;
+    if (!c) return;
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, 0);
     double P = (double)t->model.num_parameters, full = (double)c->es * P, G = exchange_bytes(c), grads = (double)t->gpu.grads_bytes;
     printf("  per GPU, rank %d of %d (NCCL, ZeRO-1: this rank's shards of %lld of %lld parameters, %d tensor parts%s):\n",

@@ -1,12 +1,14 @@
 /*
-train_gpt2_8bit.h — the trainer's interface (train_gpt2_8bit.c) for its tests and fuzzers: the
-settings and results of a run, the recipes and optimizers it offers, the checkpoint files, and the
-Trainer with its two device rows. The trainer itself is the program; this header only lets tests
-reach its parts without compiling its source into theirs.
+trainer/trainer.h — the types every part of the trainer shares: the settings of a run (TrainArgs),
+its results (TrainResult), a recipe and an optimizer row, what a run keeps (Layout), the trainer
+state a checkpoint records, the device table (Device) and the run in progress (Trainer). It holds
+types and no code, so that every file of the trainer can include it without including each other;
+the run's own entry points (train_gpt2_8bit.c) are declared at its end for the tests.
 */
-#ifndef TRAIN_GPT2_8BIT_H
-#define TRAIN_GPT2_8BIT_H
+#ifndef TRAINER_H
+#define TRAINER_H
 
+#include <stdio.h>
 #include "bnb8.h"
 #include "gpt2.h"
 #include "gpt2_cpu.h"
@@ -18,11 +20,11 @@ extern "C" {
 #endif
 
 // A recipe: the optimizer states and the master weights, in the layout of the GPU's bf16 model
-// (bf16 weights, activations and gradients). run_layout (train_gpt2_8bit.c) gives what a run keeps
-// on its device: the fp32 parity model (-P fp32) has fp32 weights and gradients and no master; the
-// CPU computes in fp32, keeps fp32 weights where the master is fp32 (they are one), and otherwise
-// the optimizer's bf16 weights and gradients (widened before the forward, rounded to nearest even
-// after the backward).
+// (bf16 weights, activations and gradients). run_layout (settings.h) gives what a run keeps on its
+// device: the fp32 parity model (-P fp32) has fp32 weights and gradients and no master; the CPU
+// computes in fp32, keeps fp32 weights where the master is fp32 (they are one), and otherwise the
+// optimizer's bf16 weights and gradients (widened before the forward, rounded to nearest even after
+// the backward).
 typedef struct {
     const char *name;
     bnb8_state_format states;
@@ -30,18 +32,12 @@ typedef struct {
     int correction_bytes;        // the master of bf16 weights: 4 an fp32 master, 1 an int8 correction
     const char *about;
 } Recipe;
-extern const Recipe recipes[];
-extern const int num_recipes;
-int find_recipe(const char *name);   // index, or -1
 
 typedef struct {
     const char *name;
     bnb8_optim kind;
     float lr, weight_decay;    // defaults for this trainer (-l, -c override them)
 } OptimizerChoice;
-extern const OptimizerChoice optimizers[];
-extern const int num_optimizers;
-int find_optimizer(const char *name);
 
 // The flash recipe's group scale dtypes (-S); a row's index is the trainer state file's (word 24):
 // new rows go last.
@@ -49,15 +45,18 @@ typedef struct {
     const char *name;
     bnb8_dtype dtype;
 } ScaleDtype;
-extern const ScaleDtype scale_dtypes[];
-extern const int num_scale_dtypes;
-int find_scale_dtype(const char *name);
 
-#define DEFAULT_DATA_DIR "dev/data/fortunes/"
 // A run whose training loss is not finite, whose update is skipped (a non-finite gradient norm),
-// or whose gradients or update hold NaN or Inf (elements left unchanged), this many steps in a row has diverged (or its model or data give NaN): it stops with an
-// error, exit status 1 (README, "What the trainer guarantees").
+// or whose gradients or update hold NaN or Inf (elements left unchanged), this many steps in a row
+// has diverged, or its model or data give NaN: it stops with an error, exit status 1 (README, "What
+// the trainer guarantees").
 #define TRAIN_MAX_BAD_STEPS 10
+
+// Clipping rules (-N): this step's global norm, formed after backward; the previous step's, summed
+// by the optimizer as it read that step's gradients; this step's, estimated group by group as
+// backward finishes them (est, DESIGN.md §6.4). prev and est work with gradient release. The rules
+// themselves are in clip.c.
+enum { CLIP_EXACT = 0, CLIP_PREV = 1, CLIP_EST = 2 };
 
 // The command line.
 typedef struct {
@@ -109,52 +108,7 @@ typedef struct {
     int64_t checkpoint_bytes; // the last checkpoint this call wrote (its files' sizes), or 0
 } TrainResult;
 
-void train_args_default(TrainArgs *a);
-// 0 (run), 1 (-h: print usage) or -1 (bad flag: message in train_error_text). given[c] is set for
-// each flag -c on the command line.
-int parse_args(int argc, char **argv, TrainArgs *a, char given[128]);
-// On the GPU, the flags left out take the GPU's defaults (d12, flash + release, B=16, T=1024, ...).
-void apply_gpu_defaults(TrainArgs *a, const char given[128]);
-void usage(FILE *f);
-// gnorm_scale of a step: 1/accum, times clip/norm when norm > clip > 0 (a NAN norm: none known, no clip).
-float step_scale(double norm, float clip, int64_t accum);
-// Learning rate of step s (1-based): linear warm-up, then cosine from lr to final_lr_frac * lr.
-float lr_schedule(const TrainArgs *a, float lr, int64_t s);
-// One run: the model (or the newest checkpoint of -o), the data, the device, the steps, the report.
-// res (may be NULL) receives the results; 0 or -1 with the message in train_error_text.
-int train_run(const TrainArgs *a, TrainResult *res);
-// Is there a GPU this build can train on?
-int gpu_available(void);
-
-// Checkpoints: in out_dir, for step s: optim_s.bin (the library's state file: every weight as the run
-// keeps it, with its master, and the optimizer states), state_s.bin (this trainer's, with the model's
-// shape) and DONE_s, written last; each written atomically. Each piece of state is in one file once.
-// Resume takes the newest step that has its DONE. Checkpoints of trainer state version 1 also hold
-// model_s.bin (the fp32 masters) and a version 1 optimizer file; they still resume. DESIGN.md §8.4.
-// Over NCCL (N ranks, DESIGN.md §8.8) each rank writes its shards' optimizer file
-// optim_s.rank<r>of<N>.bin (no optim_s.bin); rank 0 writes state_s.bin (word 27: N) and DONE_s once
-// every rank has reported its file written. Resume needs the same N (another is refused, saying so).
-// The trainer state file: STATE_WORDS little-endian int64 (version 1: 16), magic and version first.
-#define STATE_MAGIC 20251122
-#define STATE_VERSION 2           // version 1: 16 words, the weights in the model file, read as the exact rule
-#define STATE_WORDS 32
-// Clipping rules (-N): this step's global norm, formed after backward; the previous step's, summed
-// by the optimizer as it read that step's gradients; this step's, estimated group by group as backward
-// finishes them (est, DESIGN.md §6.4). prev and est work with gradient release.
-enum { CLIP_EXACT = 0, CLIP_PREV = 1, CLIP_EST = 2 };
-extern const char *const clip_rule_names[3];   // "exact", "prev", "est"
-// The est rule. Groups in the order backward finishes them: 0 the final LayerNorm, 1..L layers L-1..0,
-// L+1 the embeddings. Group j is stepped with the norm sqrt(S_0 + .. + S_j) / F(j) (this step's sums
-// of squares of the groups final so far), F(j) the share of the squared norm that the profile expects
-// in groups 0..j: 1 for the embeddings (their step has the exact norm). The profile: the shares of the
-// final LayerNorm, of the first ceil(L/2) layers released and of the other layers (the embeddings hold
-// the rest), a running mean over steps (EST_DECAY); NAN before step 1, which takes the parameters'
-// shares. shares: L + 2 doubles, each in (0, 1].
-#define EST_DECAY 0.9
-void est_shares(const double profile[3], const GPT2Config *c, double *shares);
-// The profile after a step whose groups' sums of squares are sums (L + 2); unchanged when they add up
-// to 0 or to no finite number.
-void est_update(double profile[3], const double *sums, int L);
+// The trainer state a checkpoint records (checkpoint.h: its file, state_s.bin).
 typedef struct {
     int64_t step, position, B, T, recipe, optimizer, stable_embedding, steps;
     uint64_t rng, seed;
@@ -177,23 +131,9 @@ typedef struct {
     int64_t ranks;            // word 27: 0 a single process (optim_s.bin); N the ranks over NCCL, whose
                               // optimizer files optim_s.rank<r>of<N>.bin hold their shards
 } TrainerState;
-int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
-int state_load(TrainerState *s, const char *path);
+
 // Paths of checkpoint files: an -o of up to TRAIN_PATH_MAX - 64 bytes (longer ones are refused at start).
 #define TRAIN_PATH_MAX 4096
-void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext);
-// Writes the checkpoint of step s->step (s->config is the model's shape): refused, with nothing
-// written, when one of the fp32 masters (layout of s->config) is not finite. *bytes (may be NULL):
-// the checkpoint's size, its files' bytes.
-int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes);
-// The optimizer file of step: optim_s.bin (ranks 0, a single process), or rank's of ranks over NCCL,
-// optim_s.rank<r>of<N>.bin.
-void checkpoint_optim_path(char *buf, size_t size, const char *dir, int64_t step, int rank, int ranks);
-// The first rank (0..ranks-1) whose optimizer file of step is not in dir, or -1 when each is there.
-int checkpoint_missing_rank(const char *dir, int64_t step, int ranks);
-int64_t checkpoint_latest(const char *dir);   // the newest step with a DONE marker, or 0
-int64_t checkpoint_before(const char *dir, int64_t limit);   // the newest below limit, or 0
-int64_t checkpoint_done_step(const char *name);   // the step of a DONE marker's name, or 0
 
 // The GPU row's state (gpt2_cuda's model, its gradients, what the release callback needs).
 typedef struct {
@@ -207,8 +147,8 @@ typedef struct {
     float *logits;               // (Vp) host: one row of logits, for sampling
 } Gpu;
 
-// A run in progress. The device rows (static in train_gpt2_8bit.c, one for the CPU model and one
-// for the GPU model) do the work that differs; everything else is written once.
+// A run in progress. The device rows (device_cpu.c, device_gpu.c) do the work that differs between
+// the CPU model and the GPU model; everything else is written once.
 typedef struct Trainer Trainer;
 typedef struct {
     const char *name;
@@ -280,68 +220,28 @@ struct Trainer {
     float *grads;
     uint16_t *weights16, *grads16;
     Gpu gpu;                          // the GPU row
-    struct Nccl *nccl;                // several GPUs (train_nccl.c), or NULL
+    struct Nccl *nccl;                // several GPUs (nccl.c), or NULL: one process
 };
-// Phases 1-4 of train_run (settings, model, data, device and optimizer); trainer_free undoes them.
+
+// A byte count in a column of the memory report: every file that prints one prints it this way.
+static inline void print_bytes(double b) {
+    if (b >= 1e9) printf("%9.2f GB", b / 1e9);
+    else if (b >= 1e6) printf("%9.2f MB", b / 1e6);
+    else if (b >= 1e3) printf("%9.2f kB", b / 1e3);
+    else printf("%9.0f B ", b);
+}
+
+// The run (train_gpt2_8bit.c). train_run: the model (or the newest checkpoint of -o), the data, the
+// device, the steps, the report; res (may be NULL) receives the results; 0 or -1 with the message
+// in train_error_text. trainer_open: the run's phases up to the first step (settings, model, data,
+// device and optimizer); trainer_free undoes them. generate: up to gen_tokens tokens after an
+// end-of-text (at most T in all) into out (out[0] is the start): their number, or -1 on a device error.
+int train_run(const TrainArgs *a, TrainResult *res);
 int trainer_open(Trainer *t, const TrainArgs *a);
 void trainer_free(Trainer *t);
-// Up to gen_tokens tokens after an end-of-text (at most T in all) into out (out[0] is the start):
-// their number, or -1 on a device error.
 int64_t generate(Trainer *t, int eot, int64_t gen_tokens, int *out);
-
-// Data parallel over NCCL with sharded optimizer states (train_nccl.c, DESIGN.md §8.8): on when
-// OMPI_COMM_WORLD_SIZE or BNB8_RANKS is set. nccl_setup (settings: the ranks, the GPU, the
-// communicator), nccl_open (the exchange buffer, before the optimizer), nccl_share (tensor j's part
-// on this rank: 0 for none), the step, this rank's batch, the ranks' mean loss, the report.
-typedef struct Nccl Nccl;
-int64_t tensor_slices(const Trainer *t, int i);   // optimizer tensors of parameter tensor i
-// Slice l (n elements) of tensor i's gradients where the optimizer reads them (release: the shared slice).
-void *slice_grad(const Trainer *t, int i, int64_t l, int64_t n);
-// Backward's group g (0 the final LayerNorm, 1..L layers L-1..0, L+1 the embeddings; per-layer tensors
-// sliced): its tensors' ids in the plain numbering, gradients and sizes; returns their count.
-int group_tensors(const Trainer *t, int g, int *ids, void **grads, int64_t *n);
-// The exchange buffer's layout (no NCCL needed; the tests' too): tensor j of n[j] elements at at[j],
-// a multiple of 4096; returns S, each rank's elements. nccl_part: rank's part of a tensor, 0 if none.
-int64_t nccl_layout(const int64_t *n, int count, int ranks, int64_t *at);
-int nccl_part(int64_t at, int64_t n, int64_t S, int rank, int64_t *offset, int64_t *count);
-void nccl_pick_device(void);   // main, first: the rank's GPU before anything touches CUDA
-int nccl_setup(Trainer *t);
-int nccl_open(Trainer *t);
-int nccl_share(Trainer *t, int j, int64_t *offset, int64_t *count, void **grad);
-int nccl_step(Trainer *t, float lr, double *norm, int *skipped);
-// Gradient release: group g's gradients are final (backward's callback, on the model's stream).
-int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream);
-void nccl_batch(Trainer *t);
-int nccl_mean_loss(Trainer *t, float *loss);
-double nccl_extra_bytes(const Trainer *t);
-void nccl_print_memory(const Trainer *t);
-void nccl_free(Trainer *t);
-// Checkpoints over NCCL. nccl_ranks: the ranks (0 without NCCL) and *rank (may be NULL) this one.
-// nccl_agree: trainer_open's outcome (status) on every rank made one: 0 when every rank opened the
-// same checkpoint (or none); -1 otherwise, with t->damaged set when each failure was the checkpoint's
-// (every rank then falls back below t->start). nccl_gather_weights: the shards' weights all-gathered
-// into every rank's model (after a resume, each rank loaded only its own). nccl_masters: this rank's
-// shards' fp32 masters checked: *where the first that is not finite ("" when none). nccl_barrier:
-// returns once every rank has called it (the ranks open in turns). nccl_gather_masters: every rank's
-// shards' fp32 masters into rank 0's out (the model's layout; the others pass NULL and send theirs;
-// rank 0 passes NULL when it has no memory for them: every rank then fails). nccl_checkpoint_save:
-// the checkpoint of s->step (rank files, state, DONE last); *bytes every rank's files, *own this
-// rank's optimizer file. nccl_hint: on a machine of several GPUs and no rank variables, how to train
-// on all of them (the banner).
-int nccl_ranks(const Trainer *t, int *rank);
-int nccl_agree(Trainer *t, int status);
-int nccl_gather_weights(Trainer *t);
-int nccl_masters(Trainer *t, char *where, size_t size);
-int nccl_barrier(Trainer *t);
-int nccl_gather_masters(Trainer *t, float *out);
-int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own);
-void nccl_hint(void);
-
-// Tests only (NULL in the trainer): called on the CPU after each step's backward, before the
-// optimizer step, with the fp32 gradients (the model's layout), to inject faults.
-extern void (*train_after_backward)(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t step);
 
 #ifdef __cplusplus
 }
 #endif
-#endif // TRAIN_GPT2_8BIT_H
+#endif // TRAINER_H

@@ -133,7 +133,7 @@ int gpt2_cuda_sum_squares(GPT2Cuda *m, const void *const *bufs, const int64_t *n
 // / accum (share in (0, 1]): clip / norm when norm > clip > 0, else 1, divided by accum.
 int gpt2_cuda_clip_group(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, int k,
                          double share, float clip, int64_t accum);
-// The same over several ranks (train_nccl.c), on stream, no wait: a rank's GPT2_CUDA_CLIP_PARTIALS partial
+// The same over several ranks (nccl.c), on stream, no wait: a rank's GPT2_CUDA_CLIP_PARTIALS partial
 // sums of its count (0..16) buffers into partial (device; the unused ones 0, which add nothing exactly);
 #define GPT2_CUDA_CLIP_PARTIALS (16 * 128)
 int gpt2_cuda_clip_partials(GPT2Cuda *m, void *const *bufs, const int64_t *n, int count, int dtype, double *partial,

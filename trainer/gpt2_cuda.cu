@@ -526,7 +526,7 @@ __global__ void clip_sumsq_kernel(double *partial, ClipGroup g) {
     if (threadIdx.x == 0) partial[blockIdx.y * gridDim.x + blockIdx.x] = s;
 }
 // One block: the group's sum into sums[k]; the prefix sums[0..k] in order; *scale = step_scale's
-// arithmetic (train_gpt2_8bit.c) for the norm sqrt(prefix / share) / accum.
+// arithmetic (clip.c) for the norm sqrt(prefix / share) / accum.
 __global__ void clip_scale_kernel(const double *partial, int parts, double *sums, int k, double share, float clip,
                                   int64_t accum, float *scale) {
     double s = 0.0;

@@ -1,0 +1,357 @@
+/*
+trainer/checkpoint.c — the checkpoints (checkpoint.h, DESIGN.md §8.4, §8.5): the trainer state file, the
+checkpoint directory (paths, save, the newest complete step, its lock, the temporaries a killed run
+left) and the resume from them. Apart from the run so that every file format of the trainer is in one
+place, read by the tests and the fuzzers without a model or a device.
+*/
+#define _POSIX_C_SOURCE 200809L   // mkdir, opendir
+#define _DEFAULT_SOURCE           // flock
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <errno.h>
+#include <dirent.h>
+#include <sys/types.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include "checkpoint.h"
+#include "settings.h"
+#include "tensors.h"
+
+// FNV-1a, 64 bits, of the trainer state's words before the last: a damaged file is refused.
+static int64_t state_checksum(const int64_t *w, int words) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint8_t *p = (const uint8_t *)w;
+    for (size_t i = 0; i < sizeof(int64_t) * (size_t)words; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return (int64_t)h;
+}
+
+int state_writer(FILE *f, const void *state) {
+    const TrainerState *s = (const TrainerState *)state;
+    const GPT2Config *c = &s->config;
+    int64_t w[STATE_WORDS] = {STATE_MAGIC, STATE_VERSION, s->step, s->position, (int64_t)s->rng, s->B, s->T,
+                              s->recipe, s->optimizer, c->stable_embedding, (int64_t)s->seed, s->steps, s->release,
+                              s->accum, s->weight_bytes, c->max_seq_len, c->vocab_size, c->padded_vocab_size,
+                              c->num_layers, c->num_heads, c->channels, s->opt_steps, s->clip_rule};
+    memcpy(&w[23], &s->prev_norm, sizeof(double));
+    w[24] = s->scale_dtype;
+    w[25] = s->train_tokens;
+    w[26] = s->train_digest;
+    w[27] = s->ranks;
+    memcpy(&w[28], s->est_profile, sizeof s->est_profile);
+    w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
+    return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
+}
+
+// Version 2 (STATE_WORDS words, the model's shape, a checksum) or version 1 (16 words, the shape in
+// the checkpoint's model file).
+int state_load(TrainerState *s, const char *path) {
+    FILE *f = open_input(path, "trainer state");
+    if (!f) return -1;
+    int64_t w[STATE_WORDS] = {0}, size;   // version 1 (16 words): the exact rule, no norm (word 23 NaN)
+    double none[3] = {NAN, NAN, NAN};
+    memcpy(&w[23], none, sizeof(double));
+    memcpy(&w[28], none, sizeof none);
+    int status = file_size_of(f, path, &size);
+    if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
+    int64_t words = w[1] == 1 ? 16 : STATE_WORDS;   // by the version, when the file has one
+    if (!status && size != 8 * words)
+        status = train_fail("%s: %s trainer state file: %lld bytes, expected %lld", path,
+                            size < 8 * words ? "truncated" : "oversized", (long long)size, (long long)(8 * words));
+    if (!status && fread(w + 2, 8 * (size_t)(words - 2), 1, f) != 1) status = train_fail("%s: read failed", path);
+    fclose(f);
+    if (!status && w[0] != STATE_MAGIC) status = train_fail("%s: not a trainer state file (magic %lld)", path, (long long)w[0]);
+    if (!status && w[1] != 1 && w[1] != STATE_VERSION)
+        status = train_fail("%s: trainer state version %lld, expected 1 or %d", path, (long long)w[1], STATE_VERSION);
+    if (!status && w[1] == STATE_VERSION && w[STATE_WORDS - 1] != state_checksum(w, STATE_WORDS - 1))
+        status = train_fail("%s: trainer state checksum mismatch (a damaged file)", path);
+    if (status) return status;
+    s->version = w[1];
+    s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
+    s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
+    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
+    memcpy(&s->prev_norm, &w[23], sizeof(double));
+    s->train_tokens = w[25]; s->train_digest = w[26]; s->ranks = w[27];
+    int flash = s->recipe >= 0 && s->recipe < num_recipes && recipes[s->recipe].states == BNB8_STATE_FLASH;
+    s->scale_dtype = s->version == 1 ? flash : w[24];   // version 1 (before e6m10): bf16 scales
+    memcpy(s->est_profile, &w[28], sizeof s->est_profile);
+    // each field against its range, the message naming the first that is out of it
+    const struct { const char *name; int64_t v, lo, hi; } f_[] = {
+        {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
+        {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
+        {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
+        {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_EST},
+        {"training token count", s->train_tokens, 0, INT64_MAX}, {"ranks", s->ranks, 0, 1 << 20},
+        {"scale dtype", s->scale_dtype, 0, flash ? num_scale_dtypes - 1 : 0},
+        {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
+    size_t last = sizeof f_ / sizeof f_[0] - 1;
+    for (size_t i = 0; i <= last; i++)
+        if (f_[i].v < f_[i].lo || f_[i].v > f_[i].hi || (i == last && f_[i].v != 0 && f_[i].v != 2 && f_[i].v != 4))
+            return train_fail("%s: inconsistent trainer state: %s is %lld, expected %s%lld..%lld", path, f_[i].name,
+                              (long long)f_[i].v, i == last ? "0, 2 or 4 in " : "", (long long)f_[i].lo, (long long)f_[i].hi);
+    if (!(isnan(s->prev_norm) || s->prev_norm >= 0.0))
+        return train_fail("%s: inconsistent trainer state: the previous step's norm is %g", path, s->prev_norm);
+    const double *p = s->est_profile;   // est: none yet, or three shares that add up to at most 1
+    int none_yet = isnan(p[0]) && isnan(p[1]) && isnan(p[2]);
+    if (s->clip_rule == CLIP_EST && !none_yet && !(p[0] >= 0.0 && p[1] >= 0.0 && p[2] >= 0.0 && p[0] + p[1] + p[2] <= 1.0 + 1e-9))
+        return train_fail("%s: inconsistent trainer state: the est rule's shares are %g, %g, %g", path, p[0], p[1], p[2]);
+    int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
+    int shape_ok = 1;
+    for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
+    GPT2Config c = {(int)shape[0], (int)shape[1], (int)shape[2], (int)shape[3], (int)shape[4], (int)shape[5], (int)w[9]};
+    s->config = c;
+    if (s->version == 2 && !shape_ok) return train_fail("%s: inconsistent trainer state (model shape out of range)", path);
+    if (s->version == 2 && gpt2_config_check(&s->config, path)) return -1;
+    return 0;
+}
+
+static int empty_writer(FILE *f, const void *ctx) { (void)f; (void)ctx; return 0; }
+
+// The DONE marker of step, written last: the checkpoint is complete.
+int checkpoint_done(const char *dir, int64_t step) {
+    char path[TRAIN_PATH_MAX];
+    checkpoint_path(path, sizeof path, dir, "DONE", step, "");
+    return write_atomically(path, empty_writer, NULL);
+}
+
+void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext) {
+    snprintf(buf, size, "%s/%s_%08lld%s", dir, kind, (long long)step, ext);
+}
+
+void checkpoint_optim_path(char *buf, size_t size, const char *dir, int64_t step, int rank, int ranks) {
+    char ext[64] = ".bin";
+    if (ranks > 0) snprintf(ext, sizeof ext, ".rank%dof%d.bin", rank, ranks);
+    checkpoint_path(buf, size, dir, "optim", step, ext);
+}
+
+int checkpoint_missing_rank(const char *dir, int64_t step, int ranks) {
+    char path[TRAIN_PATH_MAX];
+    for (int r = 0; r < ranks; r++) {
+        checkpoint_optim_path(path, sizeof path, dir, step, r, ranks);
+        if (access(path, F_OK) != 0) return r;
+    }
+    return -1;
+}
+
+int64_t path_size(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
+
+// The optimizer file holds every weight as the run keeps it (with its master) and the states; the
+// trainer state the rest, with the model's shape: each piece once (DESIGN.md §8.4).
+int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes) {
+    char path[TRAIN_PATH_MAX], where[160];
+    // Weights that are no longer finite are never saved: the newest checkpoint stays a good one.
+    if (gpt2_params_nonfinite(&s->config, masters, where, sizeof where))
+        return train_fail("step %lld: the weights are not finite (%s): checkpoint not written; the newest complete "
+                          "checkpoint in %s is the last good one", (long long)s->step, where, dir);
+    static const char *kinds[2] = {"optim", "state"};
+    int status = 0;
+    int64_t total = 0;
+    checkpoint_path(path, sizeof path, dir, "optim", s->step, ".bin");
+    if (bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
+    total += path_size(path);
+    checkpoint_path(path, sizeof path, dir, "state", s->step, ".bin");
+    if (!status) status = write_atomically(path, state_writer, s);
+    total += path_size(path);
+    if (!status) status = checkpoint_done(dir, s->step);
+    if (status)    // no DONE: the files of this step are useless; a full disk gets their space back
+        for (int k = 0; k < 2; k++) { checkpoint_path(path, sizeof path, dir, kinds[k], s->step, ".bin"); remove(path); }
+    if (bytes) *bytes = status ? 0 : total;
+    return status;
+}
+
+// The step a DONE marker's name gives: exactly what checkpoint_path writes ("DONE_" and the step in
+// at least 8 digits, no more leading zeros), else 0.
+int64_t checkpoint_done_step(const char *name) {
+    size_t len = strlen(name);
+    if (strncmp(name, "DONE_", 5) != 0 || len < 13 || len > 5 + 13) return 0;   // steps up to 2^40: 13 digits
+    int64_t v = 0;
+    for (size_t i = 5; i < len; i++) {
+        if (name[i] < '0' || name[i] > '9') return 0;
+        v = 10 * v + (name[i] - '0');
+    }
+    char canonical[32];
+    snprintf(canonical, sizeof canonical, "DONE_%08lld", (long long)v);
+    return strcmp(canonical, name) == 0 ? v : 0;
+}
+
+int64_t checkpoint_before(const char *dir, int64_t limit) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int64_t best = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t v = checkpoint_done_step(e->d_name);
+        if (v > best && v < limit) best = v;
+    }
+    closedir(d);
+    return best;
+}
+int64_t checkpoint_latest(const char *dir) { return checkpoint_before(dir, INT64_MAX); }
+
+// The -o directory, before anything trains (DESIGN.md §8.4): made if missing, its path short enough
+// for every checkpoint file, writable (a probe file made and removed), and this run's alone: an
+// exclusive lock on its LOCK file (lock 1), held until the run ends (trainer_free closes *lock_fd).
+// Over NCCL rank 0 holds the lock for every rank (the others may make the directory at the same moment).
+int checkpoint_dir_open(const char *dir, int lock, int *lock_fd) {
+    struct stat st;
+    size_t len = strlen(dir);
+    if (len > TRAIN_PATH_MAX - 64)
+        return train_fail("the output directory's path is %zu bytes, at most %d are supported: use a shorter -o", len,
+                          TRAIN_PATH_MAX - 64);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode)) return train_fail("output path %s is not a directory", dir);
+    if (stat(dir, &st) != 0 && mkdir(dir, 0755) != 0 && errno != EEXIST) return train_fail("cannot create output directory %s: %s", dir, strerror(errno));
+    char path[TRAIN_PATH_MAX];
+    snprintf(path, sizeof path, "%s/.probe_%ld", dir, (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || close(fd) != 0 || remove(path) != 0)
+        return train_fail("cannot write into the output directory %s (%s): found before training, so that the run "
+                          "does not end without its checkpoints", dir, strerror(errno));
+    if (!lock) return 0;
+    snprintf(path, sizeof path, "%s/LOCK", dir);
+    *lock_fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (*lock_fd < 0) return train_fail("cannot create %s: %s", path, strerror(errno));
+    if (flock(*lock_fd, LOCK_EX | LOCK_NB) != 0)
+        return train_fail("%s is in use by another run (it holds %s): give each run its own -o", dir, path);
+    return 0;
+}
+
+// Removes the temporaries a run killed while writing left in dir (regular files whose names hold
+// ".tmp": name.tmp.<pid>.<n>, bnb8_write_atomically, or the older name.tmp; a kill or SIGXFSZ
+// between create and rename), saying so. Called at start, once the run holds dir's lock.
+void checkpoint_remove_temporaries(const char *dir, int verbose) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    struct stat st;
+    char path[TRAIN_PATH_MAX];
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, ".tmp") && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
+            lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0 && verbose)
+            printf("note: removed %s, a temporary file an interrupted run left\n", path);
+    closedir(d);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Resume
+
+// A checkpoint is resumed by as many ranks as wrote it (ranks 0: a single process): each optimizer
+// file holds one rank's shards (the library refuses another sharding, file by file).
+static int ranks_refused(const char *path, const TrainerState *st, int ranks) {
+    char was[96], now[64], how[160];
+    if (st->ranks) snprintf(was, sizeof was, "%lld ranks over NCCL (one optimizer file per rank)", (long long)st->ranks);
+    else snprintf(was, sizeof was, "a single process (one optimizer file)");
+    if (ranks) snprintf(now, sizeof now, "%d ranks", ranks);
+    else snprintf(now, sizeof now, "a single process");
+    if (st->ranks) snprintf(how, sizeof how, "with %lld ranks (mpirun -np %lld, or BNB8_RANKS=%lld and BNB8_RANK=0..%lld)",
+                            (long long)st->ranks, (long long)st->ranks, (long long)st->ranks, (long long)st->ranks - 1);
+    else snprintf(how, sizeof how, "as a single process (no OMPI_COMM_WORLD_SIZE or BNB8_RANKS)");
+    return train_fail("%s: the checkpoint of step %lld was written by %s, this run is %s: resume it %s, or train "
+                      "afresh in another -o (a checkpoint is not re-sharded)", path, (long long)st->step, was, now, how);
+}
+
+static int resume_state(Trainer *t, int rank, int ranks) {
+    const TrainArgs *a = &t->a;
+    TrainerState *st = &t->resumed;
+    char path[TRAIN_PATH_MAX];
+    checkpoint_path(path, sizeof path, a->out_dir, "state", t->start, ".bin");
+    t->damaged = 1;   // a failure of the checkpoint's files (not of this run's settings): trainer_open falls back
+    if (state_load(st, path)) return -1;
+    if (st->step != t->start)
+        return train_fail("%s: the trainer state of step %lld: files of different checkpoints", path, (long long)st->step);
+    t->damaged = 0;
+    if (st->ranks != ranks) return ranks_refused(path, st, ranks);
+    int missing = checkpoint_missing_rank(a->out_dir, t->start, ranks);
+    if (missing >= 0) {
+        checkpoint_optim_path(t->model_path, sizeof t->model_path, a->out_dir, t->start, missing, ranks);
+        t->damaged = 1;
+        return train_fail("%s: rank %d's optimizer file of this checkpoint is missing: an incomplete checkpoint", t->model_path, missing);
+    }
+    int ri = (int)(t->recipe - recipes), oi = (int)(t->oc - optimizers);
+    if (st->clip_rule != t->rule)
+        return train_fail("%s: the checkpoint was made with clipping rule %s, this run asks for %s (-N)", path,
+                          clip_rule_names[st->clip_rule], clip_rule_names[t->rule]);
+    t->prev_norm = st->prev_norm;
+    // the checkpoint's group scales; version 1 records none (bf16 before e6m10): -S may name them
+    if (a->scale_dtype >= 0 && a->scale_dtype != st->scale_dtype && st->version >= 2)
+        return train_fail("%s: the checkpoint's flash group scales are %s, this run asks for %s (-S): leave -S out to "
+                          "resume with the checkpoint's", path, scale_dtypes[st->scale_dtype].name, scale_dtypes[a->scale_dtype].name);
+    t->scale = a->scale_dtype >= 0 ? a->scale_dtype : (int)st->scale_dtype;
+    memcpy(t->profile, st->est_profile, sizeof t->profile);
+    if (st->B != a->B || st->T != a->T || st->recipe != ri || st->optimizer != oi ||
+        st->release != a->release || st->accum != a->accum)
+        return train_fail("%s: the checkpoint was made with step %lld, B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, "
+                          "release %lld; this run asks for B=%lld, T=%lld, A=%lld, recipe %s, optimizer %s, release %d", path,
+                          (long long)st->step, (long long)st->B, (long long)st->T, (long long)st->accum,
+                          recipes[st->recipe].name, optimizers[st->optimizer].name, (long long)st->release, (long long)a->B,
+                          (long long)a->T, (long long)a->accum, t->recipe->name, t->oc->name, a->release);
+    // the optimizer file holds the weights as the run kept them (files without word 14: fp32 for the
+    // fp32-master recipes, bf16 for the others)
+    int64_t wb = st->weight_bytes ? st->weight_bytes : recipes[st->recipe].correction_bytes == 4 ? 4 : 2;
+    if (wb != (int64_t)bnb8_dtype_size(t->lay.weights))
+        return train_fail("%s: the checkpoint keeps %s weights, this run %s ones: resume it on the model it was made "
+                          "with (-D, -P)", path, wb == 4 ? "fp32" : "bf16", dtype_name(t->lay.weights));
+    t->damaged = 1;
+    if (st->version == 1) {   // the older layout: the fp32 masters in an llm.c model file beside it
+        checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
+        if (access(t->model_path, F_OK) != 0)
+            return train_fail("%s: a checkpoint of the older layout (trainer state version 1), whose model file %s is "
+                              "missing: restore that file, or resume from a newer checkpoint", path, t->model_path);
+        if (gpt2_load(&t->model, t->model_path)) return -1;
+        t->damaged = 0;
+        return 0;
+    }
+    // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
+    // restore cannot pass for a weight (checked after the load, optimizer_open).
+    checkpoint_optim_path(t->model_path, sizeof t->model_path, a->out_dir, t->start, rank, ranks);
+    int64_t held = rank_weights(t, &st->config, rank, ranks), least = held * wb, size = path_size(t->model_path);
+    if (held < 0) return -1;
+    if (size < least)   // checked before allocating: a bad shape cannot ask for terabytes
+        return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes%s: a damaged or "
+                          "mismatched checkpoint", t->model_path, (long long)size, (long long)held, path,
+                          ranks ? " (this rank's shards)" : "");
+    t->damaged = 0;
+    if (gpt2_create(&t->model, &st->config)) return -1;
+    for (int64_t i = 0; i < t->model.num_parameters; i++) t->model.params_memory[i] = NAN;
+    return 0;
+}
+
+// "L=12 C=768 NH=12 V=50257 (padded 50304) maxT=1024", for messages.
+static const char *shape_text(char *buf, size_t size, const GPT2Config *c) {
+    snprintf(buf, size, "L=%d C=%d NH=%d V=%d (padded %d) maxT=%d", c->num_layers, c->channels, c->num_heads,
+             c->vocab_size, c->padded_vocab_size, c->max_seq_len);
+    return buf;
+}
+
+// A resumed run continues its checkpoint's model, RNG and data position (DESIGN.md §8.4): an -e that
+// describes another model is refused (-w: open_model, as for a .bin model); a seed (-d) other than
+// the checkpoint's is noted; the training tokens (-i) are checked once loaded (open_data).
+static int check_resumed_model(Trainer *t) {
+    const TrainArgs *a = &t->a;
+    const GPT2Config *m = &t->model.config;
+    char have[128], want[128];
+    if (a->model_given) {
+        GPT2Config c;
+        size_t len = strlen(a->model);
+        int bin = len > 4 && strcmp(a->model + len - 4, ".bin") == 0;
+        if (bin ? gpt2_load_config(&c, a->model) : gpt2_config_from_descriptor(&c, a->model)) return -1;
+        if (c.max_seq_len != m->max_seq_len || c.vocab_size != m->vocab_size || c.padded_vocab_size != m->padded_vocab_size ||
+            c.num_layers != m->num_layers || c.num_heads != m->num_heads || c.channels != m->channels ||
+            (bin && c.stable_embedding != m->stable_embedding))
+            return train_fail("-e %s is %s%s; the checkpoint of step %lld in %s holds %s%s: a resumed run continues the "
+                              "checkpoint's model (leave -e out, or train the other model in another -o)", a->model,
+                              shape_text(want, sizeof want, &c), bin && c.stable_embedding ? " with StableEmbedding" : "",
+                              (long long)t->start, a->out_dir, shape_text(have, sizeof have, m),
+                              m->stable_embedding ? " with StableEmbedding" : "");
+    }
+    if (a->seed != t->resumed.seed && a->verbose)
+        printf("note: resuming: the random numbers continue from the checkpoint (its run's seed %llu); -d %llu is not "
+               "used\n", (unsigned long long)t->resumed.seed, (unsigned long long)a->seed);
+    t->a.seed = t->resumed.seed;   // the run's seed, which its next checkpoints record again
+    return 0;
+}
+
+int checkpoint_resume(Trainer *t, int rank, int ranks) {
+    return resume_state(t, rank, ranks) || check_resumed_model(t) ? -1 : 0;
+}

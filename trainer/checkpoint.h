@@ -1,0 +1,52 @@
+/*
+trainer/checkpoint.h — the checkpoints (checkpoint.c): the trainer state file, the checkpoint
+directory and the resume from it.
+
+In out_dir, for step s: optim_s.bin (the library's state file: every weight as the run keeps it, with
+its master, and the optimizer states), state_s.bin (this trainer's, with the model's shape) and
+DONE_s, written last; each written atomically. Each piece of state is in one file once. Resume takes
+the newest step that has its DONE. Checkpoints of trainer state version 1 also hold model_s.bin (the
+fp32 masters) and a version 1 optimizer file; they still resume. DESIGN.md §8.4.
+Over NCCL (N ranks, DESIGN.md §8.8) each rank writes its shards' optimizer file
+optim_s.rank<r>of<N>.bin (no optim_s.bin); rank 0 writes state_s.bin (word 27: N) and DONE_s once
+every rank has reported its file written. Resume needs the same N (another is refused, saying so).
+*/
+#ifndef TRAINER_CHECKPOINT_H
+#define TRAINER_CHECKPOINT_H
+
+#include "trainer.h"
+
+// The trainer state file: STATE_WORDS little-endian int64 (version 1: 16), magic and version first.
+#define STATE_MAGIC 20251122
+#define STATE_VERSION 2           // version 1: 16 words, the weights in the model file, read as the exact rule
+#define STATE_WORDS 32
+int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
+int state_load(TrainerState *s, const char *path);
+
+void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, int64_t step, const char *ext);
+// The optimizer file of step: optim_s.bin (ranks 0, a single process), or rank's of ranks over NCCL,
+// optim_s.rank<r>of<N>.bin.
+void checkpoint_optim_path(char *buf, size_t size, const char *dir, int64_t step, int rank, int ranks);
+// The first rank (0..ranks-1) whose optimizer file of step is not in dir, or -1 when each is there.
+int checkpoint_missing_rank(const char *dir, int64_t step, int ranks);
+// Writes the checkpoint of step s->step (s->config is the model's shape): refused, with nothing
+// written, when one of the fp32 masters (layout of s->config) is not finite. *bytes (may be NULL):
+// the checkpoint's size, its files' bytes.
+int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes);
+int checkpoint_done(const char *dir, int64_t step);   // the DONE marker of step, written last
+int64_t checkpoint_latest(const char *dir);   // the newest step with a DONE marker, or 0
+int64_t checkpoint_before(const char *dir, int64_t limit);   // the newest below limit, or 0
+int64_t checkpoint_done_step(const char *name);   // the step of a DONE marker's name, or 0
+int64_t path_size(const char *path);   // a file's bytes, 0 when there is none
+
+// The -o directory before anything trains: made, checked writable, and (lock 1) locked into *lock_fd.
+int checkpoint_dir_open(const char *dir, int lock, int *lock_fd);
+// Removes the temporaries a killed run left in dir, saying so (verbose).
+void checkpoint_remove_temporaries(const char *dir, int verbose);
+// The resume of t->start from t->a.out_dir as rank of ranks (0: a single process): the trainer state
+// into t->resumed, checked against the run's settings, and the model of its shape (its weights NaN
+// until the optimizer file restores them; a version 1 checkpoint's from its model file). t->damaged
+// says whether a failure was the checkpoint's files'.
+int checkpoint_resume(Trainer *t, int rank, int ranks);
+
+#endif // TRAINER_CHECKPOINT_H
