@@ -92,6 +92,7 @@ awk -v dir="$tmp" '
         k++; want = 1
         printf "%s", args > (dir "/args." k); close(dir "/args." k)
         printf "%s:%d", FILENAME, FNR > (dir "/where." k); close(dir "/where." k)
+        printf "%s", FILENAME > (dir "/page." k); close(dir "/page." k)
         printf "" > (dir "/sample." k)
         next
     }
@@ -104,6 +105,7 @@ count=$(cat "$tmp/count")
 
 # The comparison: both sides with numbers as "#", a byte unit after a number as "B", runs of
 # blanks as one, no blanks at either end; the output without the path of $tmp.
+# shellcheck disable=SC2016 # an awk program: its $ are awk's
 compare='
     function norm(s) {
         gsub(/[-+]?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?/, "#", s)
@@ -123,7 +125,7 @@ compare='
         checked++
         while (i < n && out[i + 1] != want) i++
         if (i >= n) {
-            printf "%s (line %d): not in the output, in this order: %s\n", where, at, text
+            printf "%s:%d: this line of the sample %s is not in the output, in this order: %s\n", page, at, where, text
             printf "    as compared: %s\n", want
             exit 1
         }
@@ -135,6 +137,7 @@ k=1
 while [ "$k" -le "$count" ]; do
     args=$(cat "$tmp/args.$k")
     where=$(cat "$tmp/where.$k")
+    page=$(cat "$tmp/page.$k")
     if [ ! -x "$trainer" ]; then
         echo "$where: no trainer to run ($trainer)"
         failed=1
@@ -144,7 +147,7 @@ while [ "$k" -le "$count" ]; do
         echo "$where: the sample's run failed: $trainer $args"
         tail -n 5 "$tmp/out.$k" | sed 's/^/    /'
         failed=1
-    elif ! awk -v where="$where" -v strip="$tmp/" "$compare" "$tmp/out.$k" "$tmp/sample.$k"; then
+    elif ! awk -v where="$where" -v page="$page" -v strip="$tmp/" "$compare" "$tmp/out.$k" "$tmp/sample.$k"; then
         echo "    the run: $trainer $args; its output: $tmp/out.$k"
         keep=1
         failed=1
