@@ -1,6 +1,7 @@
 /*
 bnb8.h — 8-bit optimizers in C and CUDA, version 1.0.0
-SPDX-License-Identifier: MIT. Copyright (c) 2026 the bnb8 authors (see LICENSE).
+Copyright (c) 2026 the bnb8 authors, MIT licence (LICENSE)
+SPDX-License-Identifier: MIT
 
 bnb8 keeps an optimizer's states in 8 bits instead of 32. Its 8-bit states are bitsandbytes'
 block-wise dynamic quantization: a byte per element, a code of a 256-value map, and a float scale
