@@ -4,6 +4,7 @@ See bnb8.h for the API. Build with -ffp-contract=off so the math matches the GPU
 (DESIGN.md §2).
 */
 #define _POSIX_C_SOURCE 200809L   // fsync, fileno
+#define BNB8_INTERNAL             // the shared per-element math and bnb8_fail
 #include "bnb8.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +36,8 @@ static const char *bnb8_error_names[BNB8_NUM_ERRORS] = {
     "a pointer is on the wrong device for this call",
 };
 
-const char *bnb8_strerror(int status) {
-    if (status < 0 || status >= BNB8_NUM_ERRORS) return "unknown bnb8 status";
+const char *bnb8_strerror(bnb8_status status) {
+    if ((int)status < 0 || (int)status >= BNB8_NUM_ERRORS) return "unknown bnb8 status";
     return bnb8_error_names[status];
 }
 
@@ -44,7 +45,7 @@ const char *bnb8_last_error(void) { return bnb8_error_text; }
 
 // Records the detailed message of a failure and returns its status, so callers write
 // `return bnb8_fail(BNB8_ERR_SIZE, "bnb8_quantize_blockwise: n = %lld < 0", n);`.
-int bnb8_fail(int status, const char *fmt, ...) {
+bnb8_status bnb8_fail(bnb8_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int len = vsnprintf(bnb8_error_text, sizeof bnb8_error_text, fmt, ap);
@@ -64,19 +65,19 @@ static int bnb8_blocksize_ok(int64_t blocksize) {
     return blocksize >= 64 && blocksize <= 4096 && (blocksize & (blocksize - 1)) == 0;
 }
 
-static int bnb8_check_blocksize(const char *fn, int64_t blocksize) {
+static bnb8_status bnb8_check_blocksize(const char *fn, int64_t blocksize) {
     if (!bnb8_blocksize_ok(blocksize))
         return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld", fn, (long long)blocksize);
     return BNB8_OK;
 }
 
 // The dtype of a tensor (f32, f16, bf16: e6m10 holds group scales only), of group scales (any).
-static int bnb8_check_dtype(const char *fn, bnb8_dtype dtype) {
+static bnb8_status bnb8_check_dtype(const char *fn, bnb8_dtype dtype) {
     if (bnb8_dtype_size(dtype) == 0 || dtype == BNB8_E6M10)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: dtype %d is not f32, f16 or bf16", fn, (int)dtype);
     return BNB8_OK;
 }
-static int bnb8_check_scale_dtype(const char *fn, bnb8_dtype dtype) {
+static bnb8_status bnb8_check_scale_dtype(const char *fn, bnb8_dtype dtype) {
     if (bnb8_dtype_size(dtype) == 0)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: scale_dtype %d is not e6m10, f32, f16 or bf16", fn, (int)dtype);
     return BNB8_OK;
@@ -158,14 +159,14 @@ static const uint32_t bnb8_dynamic_unsigned_bits[256] = {
     0x3f744ccc, 0x3f76199a, 0x3f77e666, 0x3f79b334, 0x3f7b8000, 0x3f7d4ccc, 0x3f7f199a, 0x3f800000,
 };
 
-int bnb8_map_dynamic(float code[256], int is_signed) {
+bnb8_status bnb8_map_dynamic(int is_signed, float code[256]) {
     if (!code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_dynamic: code is NULL");
     const uint32_t *bits = is_signed ? bnb8_dynamic_signed_bits : bnb8_dynamic_unsigned_bits;
     for (int i = 0; i < 256; i++) code[i] = bnb8_bits_f32(bits[i]);
     return BNB8_OK;
 }
 
-int bnb8_map_linear(float code[256], int is_signed) {
+bnb8_status bnb8_map_linear(int is_signed, float code[256]) {
     if (!code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_linear: code is NULL");
     if (!is_signed) {
         for (int i = 0; i < 256; i++) code[i] = (float)((double)i / 255.0);
@@ -184,7 +185,7 @@ static int bnb8_compare_floats(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
+bnb8_status bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
     if (!x || !code) return bnb8_fail(BNB8_ERR_NULL, "bnb8_map_quantile: x or code is NULL");
     if (n <= 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "bnb8_map_quantile: n = %lld", (long long)n);
     float *sorted = (float *)malloc((size_t)n * sizeof(float));
@@ -219,22 +220,22 @@ int bnb8_map_quantile(const float *x, int64_t n, float code[256]) {
 // Block-wise quantization
 
 // An element count of an array function: 0..BNB8_MAX_ELEMENTS.
-static int bnb8_check_count(const char *fn, int64_t n) {
+static bnb8_status bnb8_check_count(const char *fn, int64_t n) {
     if (n < 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld not in 0..2^52", fn, (long long)n);
     return BNB8_OK;
 }
 
-static int bnb8_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
-                                const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
+static bnb8_status bnb8_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
+                                        const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
     if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b || !c || !d)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
-    int status = bnb8_check_blocksize(fn, blocksize);
+    bnb8_status status = bnb8_check_blocksize(fn, blocksize);
     return status ? status : bnb8_check_dtype(fn, dtype);
 }
 
-int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                               int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite) {
-    int status = bnb8_check_blockwise("bnb8_quantize_blockwise", x, code, q, absmax, n, blocksize, dtype);
+bnb8_status bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                       int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite) {
+    bnb8_status status = bnb8_check_blockwise("bnb8_quantize_blockwise", x, code, q, absmax, n, blocksize, dtype);
     if (status) return status;
     if (n == 0) { if (nonfinite) *nonfinite = 0; return BNB8_OK; }
     bnb8_codebook *cb = (bnb8_codebook *)malloc(sizeof *cb);
@@ -265,26 +266,26 @@ int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const
     return BNB8_OK;
 }
 
-int bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                            int64_t blocksize, uint8_t *q, float *absmax) {
+bnb8_status bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                    int64_t blocksize, uint8_t *q, float *absmax) {
     return bnb8_quantize_blockwise_ex(x, dtype, n, code, blocksize, q, absmax, NULL);
 }
 
-int bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
-                              int64_t blocksize, void *out, bnb8_dtype dtype) {
-    int status = bnb8_check_blockwise("bnb8_dequantize_blockwise", q, absmax, code, out, n, blocksize, dtype);
+bnb8_status bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                                      int64_t blocksize, void *out, bnb8_dtype dtype) {
+    bnb8_status status = bnb8_check_blockwise("bnb8_dequantize_blockwise", q, absmax, code, out, n, blocksize, dtype);
     if (status) return status;
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) bnb8_store(out, dtype, i, code[q[i]] * absmax[i / blocksize]);
     return BNB8_OK;
 }
 
-int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
-                     float *absmax2, float *mean) {
+bnb8_status bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
+                             float *absmax2, float *mean) {
     if (nblocks < 0 || nblocks > BNB8_MAX_ELEMENTS)
         return bnb8_fail(BNB8_ERR_SIZE, "bnb8_nest_absmax: nblocks = %lld not in 0..2^52", (long long)nblocks);
     if (!absmax || !q2 || !absmax2 || !mean) return bnb8_fail(BNB8_ERR_NULL, "bnb8_nest_absmax: NULL argument");
-    int status = bnb8_check_blocksize("bnb8_nest_absmax", blocksize);
+    bnb8_status status = bnb8_check_blocksize("bnb8_nest_absmax", blocksize);
     if (status) return status;
     double sum = 0.0;
     for (int64_t i = 0; i < nblocks; i++) sum += absmax[i];
@@ -293,17 +294,17 @@ int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, ui
     if (!centered) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_nest_absmax: %lld floats", (long long)nblocks);
     for (int64_t i = 0; i < nblocks; i++) centered[i] = absmax[i] - *mean;
     float code[256];
-    bnb8_map_dynamic(code, 1);
+    bnb8_map_dynamic(1, code);
     status = bnb8_quantize_blockwise(centered, BNB8_F32, nblocks, code, blocksize, q2, absmax2);
     free(centered);
     return status;
 }
 
-int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
-                       int64_t blocksize, float *absmax) {
+bnb8_status bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
+                               int64_t blocksize, float *absmax) {
     float code[256];
-    bnb8_map_dynamic(code, 1);
-    int status = bnb8_dequantize_blockwise(q2, absmax2, nblocks, code, blocksize, absmax, BNB8_F32);
+    bnb8_map_dynamic(1, code);
+    bnb8_status status = bnb8_dequantize_blockwise(q2, absmax2, nblocks, code, blocksize, absmax, BNB8_F32);
     if (status) return status;
     for (int64_t i = 0; i < nblocks; i++) absmax[i] += mean;
     return BNB8_OK;
@@ -313,8 +314,8 @@ int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int6
 // Master weight correction and companded states as arrays (DESIGN.md §6.1, §6.2): the per-element
 // functions of bnb8.h over whole arrays
 
-static int bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t n, bnb8_dtype narrow,
-                          const void *corr, int corr_bytes) {
+static bnb8_status bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t n, bnb8_dtype narrow,
+                                  const void *corr, int corr_bytes) {
     if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     if (narrow != BNB8_BF16 && narrow != BNB8_F16)
@@ -324,8 +325,8 @@ static int bnb8_check_ecc(const char *fn, const void *a, const void *b, int64_t 
     return BNB8_OK;
 }
 
-int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes) {
-    int status = bnb8_check_ecc("bnb8_ecc_encode", x, narrow, n, narrow_dtype, corr, corr_bytes);
+bnb8_status bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes) {
+    bnb8_status status = bnb8_check_ecc("bnb8_ecc_encode", x, narrow, n, narrow_dtype, corr, corr_bytes);
     if (status) return status;
     int bytes = corr ? corr_bytes : 0;
     #pragma omp parallel for schedule(static)
@@ -333,8 +334,8 @@ int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_d
     return BNB8_OK;
 }
 
-int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out) {
-    int status = bnb8_check_ecc("bnb8_ecc_decode", narrow, out, n, narrow_dtype, corr, corr_bytes);
+bnb8_status bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out) {
+    bnb8_status status = bnb8_check_ecc("bnb8_ecc_decode", narrow, out, n, narrow_dtype, corr, corr_bytes);
     if (status) return status;
     int bytes = corr ? corr_bytes : 0;
     #pragma omp parallel for schedule(static)
@@ -342,7 +343,7 @@ int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *cor
     return BNB8_OK;
 }
 
-static int bnb8_check_compand(const char *fn, const void *a, const void *b, const void *c, int64_t n, bnb8_dtype dt) {
+static bnb8_status bnb8_check_compand(const char *fn, const void *a, const void *b, const void *c, int64_t n, bnb8_dtype dt) {
     if (bnb8_check_count(fn, n)) return BNB8_ERR_SIZE;
     if (n > 0 && (!a || !b || !c)) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     return bnb8_check_scale_dtype(fn, dt);
@@ -362,8 +363,8 @@ static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb
     for (int64_t i = 0; i < count; i++) codes[i] = bnb8_compand_code(x[i], m[i], scale, is_signed);
 }
 
-int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales) {
-    int status = bnb8_check_compand("bnb8_compand", x, codes, scales, n, scale_dtype);
+bnb8_status bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales) {
+    bnb8_status status = bnb8_check_compand("bnb8_compand", x, codes, scales, n, scale_dtype);
     if (status) return status;
     int64_t ngroups = (n + BNB8_FLASH_GROUP - 1) / BNB8_FLASH_GROUP;
     is_signed = is_signed != 0;
@@ -375,8 +376,8 @@ int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtyp
     return BNB8_OK;
 }
 
-int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out) {
-    int status = bnb8_check_compand("bnb8_expand", codes, scales, out, n, scale_dtype);
+bnb8_status bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out) {
+    bnb8_status status = bnb8_check_compand("bnb8_expand", codes, scales, out, n, scale_dtype);
     if (status) return status;
     is_signed = is_signed != 0;
     #pragma omp parallel for schedule(static)
@@ -483,7 +484,7 @@ static int bnb8_divides_by_eps(bnb8_optim kind) {
 // Weight decay: wd >= 0 (PyTorch's rule) and lr wd < 1 at the tensor's learning rate: at 1 or more
 // the decay factor 1 - lr wd (AdamW, Lion, LAMB, AdEMAMix), and SGD's L2 step alike, zeroes the
 // weights or flips their sign every step.
-static int bnb8_check_decay(const char *fn, const char *name, double lr, float wd) {
+static bnb8_status bnb8_check_decay(const char *fn, const char *name, double lr, float wd) {
     if (!bnb8_isfinite(wd) || !(wd >= 0.0f))
         return bnb8_fail(BNB8_ERR_ARG, "%s: %s%sweight_decay %g must be finite and >= 0", fn, name, name[0] ? ": " : "", (double)wd);
     if (lr * wd >= 1.0)
@@ -494,7 +495,7 @@ static int bnb8_check_decay(const char *fn, const char *name, double lr, float w
 
 // What no optimizer of kind can use is refused with a message naming the field (README, "What the
 // library refuses").
-static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config *c) {
+static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config *c) {
     const char *names[] = {"beta1", "beta2", "beta3", "momentum", "dampening"};
     const float in01[] = {c->beta1, c->beta2, c->beta3, c->momentum, c->dampening};
     for (int i = 0; i < 5; i++) {
@@ -513,7 +514,7 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
                          kind == BNB8_RMSPROP ? " and in [0, 1] (RMSprop's smoothing)" : "");
     if (!bnb8_isfinite(c->max_unorm) || !(c->max_unorm >= 0.0f))
         return bnb8_fail(BNB8_ERR_ARG, "%s: max_unorm = %g must be finite and >= 0", fn, (double)c->max_unorm);
-    int status = bnb8_check_decay(fn, "", (double)c->lr, c->weight_decay);
+    bnb8_status status = bnb8_check_decay(fn, "", (double)c->lr, c->weight_decay);
     if (status) return status;
     if (c->percentile_clipping < 1 || c->percentile_clipping > 100)
         return bnb8_fail(BNB8_ERR_ARG, "%s: percentile_clipping %d not in 1..100", fn, c->percentile_clipping);
@@ -551,21 +552,21 @@ static int bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config 
     return BNB8_OK;
 }
 
-int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg) {
+bnb8_status bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg) {
     if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_create: opt is NULL");
     *opt = NULL;
     if ((int)kind < 0 || kind >= BNB8_NUM_OPTIMIZERS)
         return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_create: unknown optimizer %d", (int)kind);
     bnb8_config c = cfg ? *cfg : bnb8_config_default(kind);
-    int status = bnb8_check_config("bnb8_optimizer_create", kind, &c);
+    bnb8_status status = bnb8_check_config("bnb8_optimizer_create", kind, &c);
     if (status) return status;
     bnb8_optimizer *o = (bnb8_optimizer *)calloc(1, sizeof *o);
     if (!o) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_create");
     o->kind = kind;
     o->cfg = c;
     for (int is_signed = 0; is_signed < 2; is_signed++) {
-        bnb8_map_dynamic(o->code[BNB8_MAP_DYNAMIC][is_signed], is_signed);
-        bnb8_map_linear(o->code[BNB8_MAP_LINEAR][is_signed], is_signed);
+        bnb8_map_dynamic(is_signed, o->code[BNB8_MAP_DYNAMIC][is_signed]);
+        bnb8_map_linear(is_signed, o->code[BNB8_MAP_LINEAR][is_signed]);
         for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed], bnb8_zero_code(is_signed));
     }
     *opt = o;
@@ -593,10 +594,10 @@ static bnb8_override *bnb8_find_override(bnb8_optimizer *opt, const char *name) 
     return NULL;
 }
 
-int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
+bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
     if (!opt || !name || !cfg) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_override: NULL argument");
     if (!name[0]) return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: an empty name");
-    int status = bnb8_check_config("bnb8_optimizer_override", opt->kind, cfg);
+    bnb8_status status = bnb8_check_config("bnb8_optimizer_override", opt->kind, cfg);
     if (status) return status;
     for (int i = 0; i < opt->num_tensors; i++)
         if (strcmp(opt->tensors[i].name, name) == 0)
@@ -656,7 +657,7 @@ static void bnb8_layout_states(bnb8_tensor *t) {
 
 // A shard (DESIGN.md §5.6) steps as its part of the whole tensor only where it holds whole blocks
 // of its states (the last one may end at the tensor's end) and needs nothing of the rest of it.
-static int bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_tensor *t, const char *name) {
+static bnb8_status bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_tensor *t, const char *name) {
     if (t->offset + t->n > t->total)
         return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s': a shard of %lld elements at %lld runs past shard_total %lld", fn, name,
                          (long long)t->n, (long long)t->offset, (long long)t->total);
@@ -678,15 +679,15 @@ static int bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_tensor *
     return BNB8_OK;
 }
 
-int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
-                       void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
+bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
+                               void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
     const char *fn = "bnb8_optimizer_add";
     if (!opt || !name || !param) return bnb8_fail(BNB8_ERR_NULL, "%s: opt, name or param is NULL", fn);
     if (!name[0]) return bnb8_fail(BNB8_ERR_ARG, "%s: an empty name (names tell tensors apart in state files)", fn);
     if (n <= 0 || n > BNB8_MAX_ELEMENTS) return bnb8_fail(BNB8_ERR_SIZE, "%s: '%s' has n = %lld", fn, name, (long long)n);
     if (strlen(name) > BNB8_MAX_NAME)   // the state file's limit: a longer name would save but not load
         return bnb8_fail(BNB8_ERR_ARG, "%s: a name of %zu bytes (at most %d)", fn, strlen(name), BNB8_MAX_NAME);
-    int status = bnb8_check_dtype(fn, param_dtype);
+    bnb8_status status = bnb8_check_dtype(fn, param_dtype);
     if (!status) status = bnb8_check_dtype(fn, grad_dtype);
     if (status) return status;
     for (int i = 0; i < opt->num_tensors; i++)
@@ -764,7 +765,7 @@ int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_
     return BNB8_OK;
 }
 
-int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad) {
+bnb8_status bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad) {
     if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_set_grad: opt is NULL");
     if (id < 0 || id >= opt->num_tensors)
         return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_set_grad: no tensor %d", id);
@@ -774,7 +775,7 @@ int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad) {
 
 int bnb8_optimizer_count(const bnb8_optimizer *opt) { return opt ? opt->num_tensors : 0; }
 
-int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id) {
+int64_t bnb8_optimizer_step_count(const bnb8_optimizer *opt, int id) {
     return opt && id >= 0 && id < opt->num_tensors ? opt->tensors[id].step : -1;
 }
 
@@ -786,13 +787,13 @@ int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt) {
     return count;
 }
 
-int bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out) {
+bnb8_status bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out) {
     if (!opt || !out) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_sum_squares: opt or out is NULL");
     for (int i = 0; i < opt->num_tensors; i++) out[i] = opt->tensors[i].on_gpu ? 0.0 : opt->tensors[i].sum_squares;
     if (!opt->gpu_sums) return BNB8_OK;
     double *dev = (double *)malloc(sizeof(double) * (size_t)opt->gpu_sums_count);
     if (!dev) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_sum_squares");
-    int status = bnb8_cuda_copy(dev, opt->gpu_sums, sizeof(double) * (size_t)opt->gpu_sums_count, 0);
+    bnb8_status status = bnb8_cuda_copy(dev, opt->gpu_sums, sizeof(double) * (size_t)opt->gpu_sums_count, 0);
     for (int i = 0; !status && i < opt->gpu_sums_count; i++) if (opt->tensors[i].on_gpu) out[i] = dev[i];
     free(dev);
     return status;
@@ -813,7 +814,7 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
 
 // Export and import of the fp32 master (DESIGN.md §6.5). GPU tensors go through host copies and the same
 // CPU functions, so the result does not depend on the device.
-int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
+bnb8_status bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
     const char *fn = "bnb8_optimizer_export_fp32";
     if (!opt || !out) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or out is NULL", fn);
     if (id < 0 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
@@ -823,7 +824,7 @@ int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
     size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
     const void *param = t->param, *corr = t->correction;
     void *hp = NULL, *hc = NULL;
-    int status = BNB8_OK;
+    bnb8_status status = BNB8_OK;
     if (t->on_gpu) {
         hp = malloc(wbytes);
         hc = cbytes ? malloc(cbytes) : NULL;
@@ -840,7 +841,7 @@ int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
     return status;
 }
 
-int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
+bnb8_status bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
     const char *fn = "bnb8_optimizer_import_fp32";
     if (!opt || !in) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or in is NULL", fn);
     if (id < 0 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
@@ -849,7 +850,7 @@ int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
         return bnb8_fail(BNB8_ERR_DEVICE, "%s: in must be host memory", fn);
     size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
     void *param = t->param, *corr = t->correction;
-    int status = BNB8_OK;
+    bnb8_status status = BNB8_OK;
     if (t->on_gpu) {
         param = malloc(wbytes);
         corr = cbytes ? malloc(cbytes) : NULL;
@@ -1123,9 +1124,10 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
 }
 
 // The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch.
-static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float lr, float gnorm_scale,
-                         struct CUstream_st *stream) {
-    int status = BNB8_OK, sums = 0;
+static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float lr, float gnorm_scale,
+                                 struct CUstream_st *stream) {
+    bnb8_status status = BNB8_OK;
+    int sums = 0;
     for (int i = 0; i < count; i++) sums |= opt->tensors[ids[i]].on_gpu && opt->tensors[ids[i]].cfg.sum_squares;
     if (sums && opt->gpu_sums_count < opt->num_tensors) {   // one slot per tensor; those before kept
         double *grown = NULL, *old = (double *)calloc((size_t)opt->num_tensors, sizeof(double));
@@ -1173,8 +1175,8 @@ static int bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float l
     return status;
 }
 
-int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
-                                float gnorm_scale, struct CUstream_st *stream) {
+bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
+                                        float gnorm_scale, struct CUstream_st *stream) {
     const char *fn = "bnb8_optimizer_step";
     if (!opt || (count > 0 && !ids)) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or ids is NULL", fn);
     if (count < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: count %d < 0", fn, count);
@@ -1182,7 +1184,8 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
         return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g must be finite and >= 0", fn, (double)lr);
     if (!bnb8_isfinite(gnorm_scale) || !(gnorm_scale > 0.0f))
         return bnb8_fail(BNB8_ERR_ARG, "%s: gnorm_scale %g must be finite and > 0", fn, (double)gnorm_scale);
-    int gpu_tensors = 0, status = BNB8_OK;
+    int gpu_tensors = 0;
+    bnb8_status status = BNB8_OK;
     uint8_t *seen = (uint8_t *)calloc((size_t)opt->num_tensors + 1, 1);   // a tensor stepped twice in one call
     if (!seen) return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
     for (int i = 0; i < count && !status; i++) {
@@ -1200,13 +1203,13 @@ int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, 
     return gpu_tensors ? bnb8_step_gpu(opt, ids, count, lr, gnorm_scale, stream) : BNB8_OK;
 }
 
-int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream) {
+bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream) {
     if (!opt) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_step: opt is NULL");
     int count = opt->num_tensors;
     int *ids = (int *)malloc(sizeof(int) * (size_t)(count > 0 ? count : 1));
     if (!ids) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step");
     for (int i = 0; i < count; i++) ids[i] = i;
-    int status = bnb8_optimizer_step_tensors(opt, ids, count, lr, gnorm_scale, stream);
+    bnb8_status status = bnb8_optimizer_step_tensors(opt, ids, count, lr, gnorm_scale, stream);
     free(ids);
     return status;
 }
@@ -1310,15 +1313,15 @@ static int bnb8_read(FILE *f, void *p, size_t len, uint32_t *crc) {
 }
 
 // A tensor's state memory in host memory: itself on the CPU, a copy for GPU tensors.
-static int bnb8_state_to_host(const bnb8_tensor *t, void **host) {
+static bnb8_status bnb8_state_to_host(const bnb8_tensor *t, void **host) {
     if (!t->on_gpu) { *host = t->memory; return BNB8_OK; }
     if (!(*host = malloc(t->memory_bytes))) return bnb8_fail(BNB8_ERR_NOMEM, "state copy of '%s'", t->name);
-    int status = bnb8_cuda_copy(*host, t->memory, t->memory_bytes, 0);
+    bnb8_status status = bnb8_cuda_copy(*host, t->memory, t->memory_bytes, 0);
     if (status) free(*host);
     return status;
 }
 
-int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx) {
+bnb8_status bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx) {
     static int counter;   // with the pid, a name that no earlier call made; O_EXCL makes it this call's alone
     size_t size = strlen(path) + 48;
     char *tmp = (char *)malloc(size);
@@ -1331,7 +1334,7 @@ int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *c
     }
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
-        int status = bnb8_fail(BNB8_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        bnb8_status status = bnb8_fail(BNB8_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         if (fd >= 0) { close(fd); remove(tmp); }
         free(tmp);
         return status;
@@ -1340,7 +1343,7 @@ int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *c
     ok &= fflush(f) == 0;
     ok &= fsync(fileno(f)) == 0;
     ok &= fclose(f) == 0;
-    int status = wrote > 0 ? wrote : BNB8_OK;
+    bnb8_status status = wrote > 0 ? (bnb8_status)wrote : BNB8_OK;
     if (!status && !ok) status = bnb8_fail(BNB8_ERR_IO, "writing %s failed (disk full?)", tmp);
     if (!status && rename(tmp, path) != 0) status = bnb8_fail(BNB8_ERR_IO, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (status) remove(tmp);
@@ -1393,7 +1396,7 @@ static int bnb8_state_writer(FILE *f, const void *ctx) {
     return status ? status : ok ? 0 : -1;
 }
 
-int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
+bnb8_status bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_save: opt or path is NULL");
     if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "bnb8_optimizer_save: big-endian hosts are not supported");
     return bnb8_write_atomically(path, bnb8_state_writer, opt);
@@ -1415,7 +1418,7 @@ FILE *bnb8_open_regular(const char *path, const char *who) {
     return f;
 }
 
-int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
+bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     const char *fn = "bnb8_optimizer_load";
     if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
     if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
@@ -1424,7 +1427,7 @@ int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
-    int status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
+    bnb8_status status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
     char magic[8], name[BNB8_MAX_NAME + 1];
     uint32_t crc = 0, header[3], stored_crc;
     if (!status && (!bnb8_read(f, magic, 8, &crc) || memcmp(magic, BNB8_STATE_MAGIC, 8) != 0))

@@ -1,58 +1,113 @@
 /*
-bnb8.h — 8-bit optimizers (block-wise dynamic quantization) and FlashOptim's memory techniques, in
-plain C with OpenMP (bnb8.c) and CUDA (bnb8_cuda.cu). These three files are the whole library.
+bnb8.h — 8-bit optimizers in C and CUDA, version 1.0.0
+Copyright (c) 2026 the bnb8 authors, MIT licence (LICENSE)
+SPDX-License-Identifier: MIT
+
+bnb8 keeps an optimizer's states in 8 bits instead of 32. Its 8-bit states are bitsandbytes'
+block-wise dynamic quantization: a byte per element, a code of a 256-value map, and a float scale
+per block of elements. Its flash states are FlashOptim's: companded codes with a scale per 32
+elements, and bf16/fp16 weights that carry a master weight correction, so that they step like fp32
+weights. It has AdamW, Adam, SGD, Lion, RMSprop, Adagrad, LAMB, LARS and AdEMAMix; tensors live in
+CPU or GPU memory, and both give the same bits. The library is three files: this header, bnb8.c
+(the CPU, with OpenMP) and bnb8_cuda.cu (the GPU). This header is its reference; DESIGN.md holds
+the formats, the numerics and the reasons.
 
 CONTENTS (search for the tag in brackets)
-  PUBLIC API, stable
-    [api.status]     dtypes, status codes, limits, error messages
+  PUBLIC API
+    [api.status]     version, dtypes, status codes, limits, error messages
     [api.maps]       quantization maps
     [api.blockwise]  block-wise quantization and nested absmax
     [api.config]     optimizer kinds, state formats, maps, bnb8_config
     [api.optimizer]  the optimizer object: create, add, step, memory, state files, fp32 masters
     [api.flash]      master weight correction and companded states, as array functions
     [api.cuda]       GPU twins of the block-wise functions
-  SHARED PER-ELEMENT MATH, internal but shared: bnb8.c and bnb8_cuda.cu both compile it
-    [math.convert]   float <-> bf16 / fp16, loads and stores of any dtype
+    [api.files]      atomic writes and checked opens, for a trainer's own files
+    [api.bf16]       float <-> bf16, inline on the host and the device
+  INTERNALS, seen only where BNB8_INTERNAL is defined before the include (bnb8.c, bnb8_cuda.cu,
+  the tests): names and signatures may change
+    [internal.fail]  recording a failure's message
+    [math.convert]   float <-> fp16 / e6m10, loads and stores of any dtype
     [math.codes]     thresholds, the nearest code, the codebook lookup
     [math.step]      one optimizer update of one element
+    [math.sumsq]     the sum of g^2 in one fixed order
     [math.flash]     master weight correction and companding of one element
     [math.fast]      the GPU's vouched fast forms of the flash math
-  GPU STEP INTERFACE, internal: between bnb8.c and bnb8_cuda.cu
     [gpu.step]       one step's tensor descriptors, the launch, memory helpers
 
+EXAMPLE: AdamW with 8-bit states on a tensor in CPU memory
+    #include "bnb8.h"
+    #include <stdio.h>
+
+    int main(void) {
+        static float w[4096], g[4096];
+        for (int i = 0; i < 4096; i++) w[i] = 0.01f * (float)(i % 100);
+        bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);   // 8-bit states, blocks of 256
+        cfg.lr = 1e-3f;
+        bnb8_optimizer *opt = NULL;
+        bnb8_status s = bnb8_optimizer_create(&opt, BNB8_ADAMW, &cfg);
+        if (s == BNB8_OK) s = bnb8_optimizer_add(opt, "w", w, BNB8_F32, g, BNB8_F32, 4096, NULL);
+        for (int step = 1; step <= 10 && s == BNB8_OK; step++) {
+            for (int i = 0; i < 4096; i++) g[i] = w[i] - 0.5f;   // the gradient of this step
+            s = bnb8_optimizer_step(opt, cfg.lr, 1.0f, NULL);     // lr of a schedule, no scaling
+        }
+        if (s == BNB8_OK) s = bnb8_optimizer_save(opt, "w.bnb8");
+        if (s != BNB8_OK) printf("bnb8: %s\n", bnb8_last_error());
+        bnb8_optimizer_free(opt);
+        return s == BNB8_OK ? 0 : 1;
+    }
+
+BUILD: compile bnb8.c, and bnb8_cuda.cu for the GPU, beside your program (`make` builds them
+into build/libbnb8.a):
+    cc -std=c11 -O2 -ffp-contract=off -fopenmp -c bnb8.c                  CPU only
+    cc -std=c11 -O2 -ffp-contract=off -fopenmp -DBNB8_CUDA -c bnb8.c      with bnb8_cuda.cu:
+    nvcc -std=c++17 -O3 -fmad=false -Xcompiler -ffp-contract=off -c bnb8_cuda.cu
+    link with -lm and -fopenmp (or -lgomp), and -lcudart with the GPU.
+  -DBNB8_CUDA makes bnb8.c call the GPU back end directly, which an archive needs; without it,
+  weak references let bnb8.o link alone and refuse GPU tensors. Without OpenMP the CPU runs on one
+  thread. Contraction into fused multiply-adds (-ffp-contract, -fmad) and fast-math would change
+  the rounding, and with it the bits that the CPU and the GPU share: never use them here.
+
 CONVENTIONS (DESIGN.md §1, §2)
-  - A call that can fail returns a status (0 = BNB8_OK): bnb8_strerror(status) says what it means,
-    bnb8_last_error() names the argument or file. The library never prints or exits.
-  - Array functions take the input (each array with its dtype or width), then n, then parameters,
-    then outputs (each with its dtype): n comes 2nd after a plain float input and later after an
-    encoded one (q + absmax, narrow weights + correction); bnb8_compand alone takes its scales'
-    dtype before its outputs. Kept so: the trainer, the tests and the GPU twins use these signatures.
+  - A call that can fail returns a bnb8_status (BNB8_OK = 0): bnb8_strerror(status) says what it
+    means, bnb8_last_error() names the argument or file. The library never prints or exits.
+  - One argument order: inputs, then parameters, then outputs. An array comes with its dtype or
+    width; n follows a plain float input and its dtype (x, dtype, n), and an encoded input after
+    all its parts (q + absmax, narrow weights + correction, codes + scales). Three stated
+    exceptions: every optimizer call takes the optimizer first, bnb8_optimizer_create too (the
+    address where it puts the new one); a call that runs on the GPU takes its stream last;
+    bnb8_compand and bnb8_expand take the scales' dtype among the parameters, as it describes the
+    scales on either side.
   - Master weight correction ("correction"): what makes bf16/fp16 weights a near-fp32 or fp32
     master, whatever the state format: an int8 or int16 per element, or a full fp32 master (the
-    weights are then its RNE): cfg.correction_bytes 1, 2 or 4, bnb8_memory.correction, and the
-    functions bnb8_ecc_* ("ecc": FlashOptim's "error correction").
-  - CPU and GPU results are bit-identical: both compile the per-element math below. Build with
-    -ffp-contract=off (C) and -fmad=false (nvcc), never with fast-math.
+    weights are then its RNE): cfg.correction_bytes 0 (none), 1, 2 or 4, bnb8_memory.correction,
+    and the functions bnb8_ecc_* ("ecc": FlashOptim's "error correction").
+  - CPU and GPU results are bit-identical: both compile the same per-element math (the internals
+    below). See BUILD for the flags that keep it so.
 */
 #ifndef BNB8_H
 #define BNB8_H
 
 #include <stdint.h>
 #include <stddef.h>
-#include <string.h>
-#include <math.h>
-#include <stdio.h>
+#include <stdio.h>    // FILE, for [api.files]
+#include <string.h>   // memcpy, for [api.bf16]
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-// ==== [api.status] dtypes, status codes, limits, error messages ==================================
+// ==== [api.status] version, dtypes, status codes, limits, error messages =========================
+#define BNB8_VERSION_MAJOR 1
+#define BNB8_VERSION_MINOR 0
+#define BNB8_VERSION_PATCH 0
+#define BNB8_VERSION_STRING "1.0.0"
+
 // BNB8_E6M10: flash group scales only (cfg.scale_dtype): an unsigned 16-bit float, 6 exponent bits
 // (bias 40), 10 mantissa bits, 2^-49 .. BNB8_E6M10_MAX, no inf or NaN (DESIGN.md §6.2).
 typedef enum { BNB8_F32 = 0, BNB8_F16 = 1, BNB8_BF16 = 2, BNB8_E6M10 = 3 } bnb8_dtype;
+#define BNB8_E6M10_MAX 0x1.ffcp23f
 struct CUstream_st;              // cudaStream_t, for the calls that run on the GPU
-enum {
+typedef enum bnb8_status {
     BNB8_OK = 0,
     BNB8_ERR_NULL,        // a required pointer is NULL
     BNB8_ERR_SIZE,        // a size is negative or out of range
@@ -65,14 +120,14 @@ enum {
     BNB8_ERR_CUDA,        // a CUDA call failed
     BNB8_ERR_DEVICE,      // a pointer is on the wrong device for this call
     BNB8_NUM_ERRORS
-};
+} bnb8_status;
 
 // Element and block counts: 0..2^52 (no byte count can overflow; DESIGN.md §9), else BNB8_ERR_SIZE.
 // Tensor names: at most BNB8_MAX_NAME bytes (what a state file holds).
 #define BNB8_MAX_ELEMENTS (INT64_C(1) << 52)
 #define BNB8_MAX_NAME 4096
-// The meaning of a status code, e.g. "block size is not a power of two in 64..4096".
-const char *bnb8_strerror(int status);
+// The meaning of a status, e.g. "block size is not a power of two in 64..4096".
+const char *bnb8_strerror(bnb8_status status);
 // The message of this thread's last failed call, naming the argument or file.
 const char *bnb8_last_error(void);
 // Bytes of one element of dtype (4 or 2), 0 for an unknown dtype.
@@ -81,30 +136,30 @@ size_t bnb8_dtype_size(bnb8_dtype dtype);
 // ==== [api.maps] maps: 256 floats ascending in [-1, 1], the index is the byte (DESIGN.md §3) =====
 // bitsandbytes' dynamic (tree) map, bit for bit: signed, or unsigned over [0, 1]. BNB8_ERR_NULL
 // for a NULL code.
-int bnb8_map_dynamic(float code[256], int is_signed);
+bnb8_status bnb8_map_dynamic(int is_signed, float code[256]);
 // Linear map: signed, 255 values over [-1, 1] and a second 0 (bitsandbytes'); unsigned, 256 over [0, 1].
-int bnb8_map_linear(float code[256], int is_signed);
+bnb8_status bnb8_map_linear(int is_signed, float code[256]);
 // The 255 quantiles of a sample (non-finite values left out) and 0, divided by the largest magnitude.
-int bnb8_map_quantile(const float *x, int64_t n, float code[256]);
+bnb8_status bnb8_map_quantile(const float *x, int64_t n, float code[256]);
 
 // ==== [api.blockwise] block-wise quantization (DESIGN.md §4) =====================================
 // blocksize: a power of two, 64..4096; absmax: ceil(n / blocksize) floats (the last block may be partial).
 // absmax[b] = max |x| over block b; q[i] = the nearest code of x[i] / absmax[b].
-int bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                            int64_t blocksize, uint8_t *q, float *absmax);
+bnb8_status bnb8_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                    int64_t blocksize, uint8_t *q, float *absmax);
 // As above; NaN and Inf stay out of absmax, get the code of 0 and are counted in *nonfinite (may be NULL).
-int bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                               int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite);
+bnb8_status bnb8_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                       int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite);
 // out[i] = code[q[i]] * absmax[b], computed in float32 and rounded to dtype.
-int bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
-                              int64_t blocksize, void *out, bnb8_dtype dtype);
+bnb8_status bnb8_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                                      int64_t blocksize, void *out, bnb8_dtype dtype);
 // Nested absmax: the mean subtracted, then block-wise with the signed dynamic map; q2 has nblocks
 // bytes, absmax2 ceil(nblocks / blocksize) floats.
-int bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
-                     float *absmax2, float *mean);
+bnb8_status bnb8_nest_absmax(const float *absmax, int64_t nblocks, int64_t blocksize, uint8_t *q2,
+                             float *absmax2, float *mean);
 // Its inverse: absmax[i] = code[q2[i]] * absmax2[b] + mean.
-int bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
-                       int64_t blocksize, float *absmax);
+bnb8_status bnb8_unnest_absmax(const uint8_t *q2, const float *absmax2, float mean, int64_t nblocks,
+                               int64_t blocksize, float *absmax);
 
 // ==== [api.config] optimizer kinds, state formats, maps, configuration (DESIGN.md §5, §6) ========
 // Update rules: DESIGN.md §5.3.
@@ -153,12 +208,12 @@ typedef struct bnb8_optimizer bnb8_optimizer;
 // The defaults of an optimizer kind (PyTorch's and bitsandbytes'; 8-bit states, blocks of 256).
 bnb8_config bnb8_config_default(bnb8_optim kind);
 // Creates an optimizer of kind with configuration cfg (NULL = the defaults) into *opt.
-int bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg);
+bnb8_status bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg);
 // Frees the optimizer and the states it owns (not the tensors).
 void bnb8_optimizer_free(bnb8_optimizer *opt);
 // Gives the tensor called name its own configuration (any field; its lr follows the base lr's
 // schedule). Call before bnb8_optimizer_add of that name.
-int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
+bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
 // Registers a tensor of n elements; its states are allocated where param lives (CPU or GPU). grad
 // may be NULL until set; *id (may be NULL) receives its index.
 // A shard (its cfg's shard_total > 0, set with bnb8_optimizer_override): param and grad point at
@@ -169,16 +224,16 @@ int bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_co
 // (4096 suits every format). Refused for a part of a tensor (n < shard_total), as they need the
 // whole tensor: one absmax per tensor (blocksize 0), percentile clipping, LAMB/LARS trust ratios
 // (max_unorm > 0). cfg.sum_squares then gives the shard's part (see bnb8_optimizer_sum_squares).
-int bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
-                       void *grad, bnb8_dtype grad_dtype, int64_t n, int *id);
+bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
+                               void *grad, bnb8_dtype grad_dtype, int64_t n, int *id);
 // Points tensor id at another gradient buffer (gradient release reuses buffers).
-int bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
+bnb8_status bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
 // One step of every tensor at learning rate lr, gradients scaled by gnorm_scale (1 = none). GPU
 // tensors: one launch on stream (NULL = default), not synchronized.
-int bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
+bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
 // One step of the count tensors in ids only; each tensor keeps its own step count.
-int bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
-                                float gnorm_scale, struct CUstream_st *stream);
+bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
+                                        float gnorm_scale, struct CUstream_st *stream);
 // Elements left unchanged since the last call, because their gradient was not finite or because
 // their step's result was not (a finite gradient whose new weight, in the weights' dtype, or new
 // state would be NaN or Inf: an overflow); resets the count. Either way the element keeps its
@@ -189,10 +244,10 @@ int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
 // summed in one fixed order, the same bits on CPU and GPU (DESIGN.md §5.4). GPU: waits for the device.
 // A shard's sum is of its own elements: ranks add theirs in rank order (the same bits on every rank
 // and every run of that sharding); that order differs from the whole tensor's, by a few ulps of a double.
-int bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out);
+bnb8_status bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out);
 // The number of tensors; the step count of tensor id (-1 when there is none).
 int bnb8_optimizer_count(const bnb8_optimizer *opt);
-int64_t bnb8_optimizer_steps(const bnb8_optimizer *opt, int id);
+int64_t bnb8_optimizer_step_count(const bnb8_optimizer *opt, int id);
 
 // Persistent bytes of the registered tensors (the trainer's bytes-per-parameter report, DESIGN.md §8.6);
 // of a shard, its own n elements (a rank's share).
@@ -201,82 +256,119 @@ typedef struct {
     double weights;              // the parameters themselves
     double gradients;            // the gradient buffers (0 when with_grads is 0: gradient release)
     double states;               // optimizer states with their absmax / scales
-    double correction;           // the master weight correction of bf16/fp16 weights (flash)
+    double correction;           // the master weight corrections or fp32 masters of bf16/fp16 weights
 } bnb8_memory;
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 
 // Writes every tensor's states (and weights) to path atomically: a temporary of its own
 // (path.tmp.<pid>.<n>), flushed, renamed; on failure path is untouched and no temporary is left.
-int bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
+bnb8_status bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
 // Reads a file of bnb8_optimizer_save that matches the registered tensors; on any error nothing changes.
 // Each shard's record names its range: a file of another sharding is refused with both ranges.
-int bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
+bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
 // The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors).
-int bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
+bnb8_status bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
 // Sets tensor id's weights and correction from n fp32 masters in host memory (RNE + correction;
 // import(export(w)) may move a corrected weight by one bf16 ulp, DESIGN.md §6.5).
-int bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
+bnb8_status bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
 
 // ==== [api.flash] master weight correction and companded states as arrays (DESIGN.md §6) =========
 // narrow[i] = RNE(x[i]) in bf16/fp16 and, when corr is not NULL, its correction (corr_bytes 1: int8,
 // 2: int16, 4: x itself, an fp32 master).
-int bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype, void *corr, int corr_bytes);
+bnb8_status bnb8_ecc_encode(const float *x, int64_t n, void *narrow, bnb8_dtype narrow_dtype,
+                            void *corr, int corr_bytes);
 // out[i] = narrow[i] with its correction applied (corr NULL: the narrow value widened).
-int bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes, int64_t n, float *out);
-// Per group of 32 a scale (max |x|, or max sqrt(x) if unsigned) rounded in scale_dtype (bnb8_scale_round), and
-// the codes: softsign int8 (is_signed) or sqrt uint8. Non-finite values stay out of the scale, code 0.
-int bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales);
+bnb8_status bnb8_ecc_decode(const void *narrow, bnb8_dtype narrow_dtype, const void *corr, int corr_bytes,
+                            int64_t n, float *out);
+// Per group of 32 a scale (max |x|, or max sqrt(x) if unsigned) stored in scale_dtype (e6m10 rounds
+// to nearest, bf16 and fp16 round up; DESIGN.md §6.2), and the codes: softsign int8 (is_signed) or
+// sqrt uint8. Non-finite values stay out of the scale and get code 0.
+bnb8_status bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype,
+                         uint8_t *codes, void *scales);
 // out[i] = the value of codes[i] under its group's stored scale.
-int bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed, bnb8_dtype scale_dtype, float *out);
+bnb8_status bnb8_expand(const uint8_t *codes, const void *scales, int64_t n, int is_signed,
+                        bnb8_dtype scale_dtype, float *out);
 
 // ==== [api.cuda] GPU twins (bnb8_cuda.cu): device pointers, a stream (NULL = default), no sync ===
-int bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                                 int64_t blocksize, uint8_t *q, float *absmax, struct CUstream_st *stream);
-int bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
-                                   int64_t blocksize, void *out, bnb8_dtype dtype, struct CUstream_st *stream);
+bnb8_status bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                         int64_t blocksize, uint8_t *q, float *absmax,
+                                         struct CUstream_st *stream);
+bnb8_status bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                                           int64_t blocksize, void *out, bnb8_dtype dtype,
+                                           struct CUstream_st *stream);
 // nonfinite: device memory (may be NULL).
-int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                                    int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite,
-                                    struct CUstream_st *stream);
+bnb8_status bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                            int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite,
+                                            struct CUstream_st *stream);
 
-// =================================================================================================
-// SHARED PER-ELEMENT MATH, internal but shared: bnb8.c and bnb8_cuda.cu both compile these BNB8_HD
-// functions, which is what makes their results bit-identical (DESIGN.md §2). Usable, but not part
-// of the stable API: names and signatures may change.
-// =================================================================================================
-
-// Records the detailed message of a failure for bnb8_last_error() and returns status.
-int bnb8_fail(int status, const char *fmt, ...);
-// Writes path atomically (DESIGN.md §7; bnb8_optimizer_save, the trainer's files): writer fills a
-// temporary of this call's own, path.tmp.<pid>.<n> (created exclusively, so that no other writer's
-// temporary is ever opened), which is flushed to disk, closed and renamed over path. On any failure
-// the temporary is removed and path is untouched. writer returns 0, -1 when a write failed, or a
-// status whose message it recorded (bnb8_fail).
-int bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx);
-// Opens path for reading if it is a regular file (bnb8_optimizer_load, the trainer's inputs): a
-// directory, FIFO, device or socket is refused, the message naming which (the file is opened
-// non-blocking to find out: fopen would wait on a FIFO for a writer). NULL then, with the message
-// "who: path is a FIFO, not a regular file" or "who: cannot open path: reason" (bnb8_fail, BNB8_ERR_IO).
+// ==== [api.files] atomic writes and checked opens, for a trainer's own files (DESIGN.md §7) ======
+// A trainer writes checkpoint files of its own beside the optimizer's state file. These are the two
+// calls under bnb8_optimizer_save and bnb8_optimizer_load, so that its files get the same care: a
+// crash never leaves a half-written file under its name, and a FIFO or a directory given as an
+// input is refused with a message instead of blocking or failing later.
+//
+// Writes path atomically: writer fills a temporary of this call's own, path.tmp.<pid>.<n> (created
+// exclusively, so that no other writer's temporary is ever opened), which is flushed to disk,
+// closed and renamed over path. On any failure the temporary is removed and path is untouched.
+// writer returns 0, -1 when a write failed (BNB8_ERR_IO), or a status of its own (> 0), which this
+// call returns as it is.
+bnb8_status bnb8_write_atomically(const char *path, int (*writer)(FILE *f, const void *ctx), const void *ctx);
+// Opens path for reading if it is a regular file: a directory, FIFO, device or socket is refused
+// (the file is opened non-blocking to find out: fopen would wait on a FIFO for a writer). NULL
+// then, with bnb8_last_error() "who: path is a FIFO, not a regular file" or "who: cannot open path:
+// reason" (BNB8_ERR_IO).
 FILE *bnb8_open_regular(const char *path, const char *who);
 
+// ==== [api.bf16] float <-> bf16, inline on the host and the device ===============================
 #ifdef __CUDACC__
 #define BNB8_HD static inline __host__ __device__
 #else
 #define BNB8_HD static inline
 #endif
-
-// ==== [math.convert] float <-> bf16 / fp16, loads and stores of any dtype ========================
-
-BNB8_HD uint32_t bnb8_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-BNB8_HD float bnb8_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-
 // float -> bf16, round to nearest even; NaN stays NaN (sign kept, quiet bit set).
 BNB8_HD uint16_t bnb8_f32_to_bf16(float x) {
-    uint32_t u = bnb8_f32_bits(x);
+    uint32_t u;
+    memcpy(&u, &x, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);   // the carry rounds up into inf
 }
-BNB8_HD float bnb8_bf16_to_f32(uint16_t h) { return bnb8_bits_f32((uint32_t)h << 16); }
+BNB8_HD float bnb8_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif // BNB8_H
+
+// =================================================================================================
+// INTERNALS: bnb8.c and bnb8_cuda.cu define BNB8_INTERNAL before including this header, and so do
+// the tests that hold the per-element math to its bounds. Both back ends compile the BNB8_HD
+// functions below, which is what makes their results bit-identical (DESIGN.md §2). Not part of the
+// API: names and signatures may change. A guard of their own lets a file include bnb8.h plainly
+// first (through another header) and then again with BNB8_INTERNAL defined.
+// =================================================================================================
+#if defined(BNB8_INTERNAL) && !defined(BNB8_INTERNAL_H)
+#define BNB8_INTERNAL_H
+
+#include <math.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ==== [internal.fail] recording a failure's message ==============================================
+// Records the detailed message of a failure for bnb8_last_error() and returns status, so that a
+// check reads `return bnb8_fail(BNB8_ERR_SIZE, "bnb8_quantize_blockwise: n = %lld < 0", n);`.
+bnb8_status bnb8_fail(bnb8_status status, const char *fmt, ...);
+
+// ==== [math.convert] float <-> fp16 / e6m10 (bf16: [api.bf16]), loads and stores of any dtype ===
+
+BNB8_HD uint32_t bnb8_f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+BNB8_HD float bnb8_bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
 // The positive finite float of bits u below 2^(k + 24) in units of 2^k, rounded to nearest even
 // (the subnormals of fp16, k = -24, and of e6m10, k = -49): 0 below half a unit.
@@ -313,7 +405,6 @@ BNB8_HD float bnb8_f16_to_f32(uint16_t h) {
 // e6m10 (flash group scales, DESIGN.md §6.2): bits e (6) m (10); e > 0: (1 + m/1024) 2^(e - 40),
 // e = 0: m 2^-49. The encoder takes a >= 0, rounds to nearest even and saturates at BNB8_E6M10_MAX
 // (0xffff) from MAX + half an ulp on; below 2^-50 (and NaN) it gives 0.
-#define BNB8_E6M10_MAX 0x1.ffcp23f
 BNB8_HD float bnb8_e6m10_to_f32(uint16_t h) {
     if (h < 0x400u) return (float)h * 0x1p-49f;                       // zero and subnormals, exact
     return bnb8_bits_f32(((uint32_t)h + (87u << 10)) << 13);          // rebias 40 -> 127
@@ -911,10 +1002,6 @@ BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
     return bnb8_code_round(root * r255, ok);
 }
 
-// =================================================================================================
-// GPU STEP INTERFACE, internal: between bnb8.c and bnb8_cuda.cu
-// =================================================================================================
-
 // ==== [gpu.step] one step's tensor descriptors, the launch, memory helpers (DESIGN.md §10) =======
 // The optimizer's GPU path: bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
@@ -943,18 +1030,18 @@ typedef struct {
 
 // Steps count tensors on stream; *context holds the optimizer's device scratch (created on first
 // use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device.
-int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
-                   const float code_unsigned[256], const float code_signed[256],
-                   const bnb8_codebook books[2], struct CUstream_st *stream);
-int bnb8_cuda_take_nonfinite(void *context, int64_t *count);
+bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
+                           const float code_unsigned[256], const float code_signed[256],
+                           const bnb8_codebook books[2], struct CUstream_st *stream);
+bnb8_status bnb8_cuda_take_nonfinite(void *context, int64_t *count);
 void bnb8_cuda_context_free(void *context);
 // Memory helpers for bnb8.c: is p GPU memory; allocate zeroed; free; copy (to_device: host -> GPU).
 int bnb8_cuda_is_device_pointer(const void *p);
-int bnb8_cuda_alloc_zeroed(void **p, size_t bytes);
+bnb8_status bnb8_cuda_alloc_zeroed(void **p, size_t bytes);
 void bnb8_cuda_free(void *p);
-int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_device);
+bnb8_status bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_device);
 
 #ifdef __cplusplus
 }
 #endif
-#endif // BNB8_H
+#endif // BNB8_INTERNAL

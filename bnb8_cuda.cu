@@ -4,6 +4,7 @@ per-element math from bnb8.h so that results are bit-identical. Build with -fmad
 --use_fast_math (DESIGN.md §2). Every launch goes on the caller's stream, and no call waits for the
 device except the few DESIGN.md §9 lists (copies to and from the host, growing scratch).
 */
+#define BNB8_INTERNAL             // the shared per-element math and the GPU step interface
 #include "bnb8.h"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -13,13 +14,13 @@ device except the few DESIGN.md §9 lists (copies to and from the host, growing 
 
 #define BNB8_THREADS 256
 
-static int bnb8_cuda_status(const char *fn, cudaError_t err) {
+static bnb8_status bnb8_cuda_status(const char *fn, cudaError_t err) {
     if (err == cudaSuccess) return BNB8_OK;
     return bnb8_fail(BNB8_ERR_CUDA, "%s: %s", fn, cudaGetErrorString(err));
 }
 
 // A pointer the CPU gave where device memory is needed is an error, not a crash.
-static int bnb8_cuda_check_device_ptr(const char *fn, const void *p) {
+static bnb8_status bnb8_cuda_check_device_ptr(const char *fn, const void *p) {
     cudaPointerAttributes attr;
     cudaError_t err = cudaPointerGetAttributes(&attr, p);
     if (err != cudaSuccess) return bnb8_cuda_status(fn, err);
@@ -320,8 +321,8 @@ bnb8_dequantize_kernel(const uint8_t *q, const float *absmax, int64_t n, const f
     }
 }
 
-static int bnb8_cuda_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
-                                     const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
+static bnb8_status bnb8_cuda_check_blockwise(const char *fn, const void *a, const void *b, const void *c,
+                                             const void *d, int64_t n, int64_t blocksize, bnb8_dtype dtype) {
     if (n < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: n = %lld < 0", fn, (long long)n);
     if (blocksize < 64 || blocksize > 4096 || (blocksize & (blocksize - 1)))
         return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld", fn, (long long)blocksize);
@@ -331,7 +332,7 @@ static int bnb8_cuda_check_blockwise(const char *fn, const void *a, const void *
     if (!a || !b || !c || !d) return bnb8_fail(BNB8_ERR_NULL, "%s: NULL array", fn);
     const void *ptrs[4] = {a, b, c, d};
     for (int i = 0; i < 4; i++) {
-        int status = bnb8_cuda_check_device_ptr(fn, ptrs[i]);
+        bnb8_status status = bnb8_cuda_check_device_ptr(fn, ptrs[i]);
         if (status) return status;
     }
     return BNB8_OK;
@@ -341,9 +342,10 @@ static int bnb8_cuda_check_blockwise(const char *fn, const void *a, const void *
 // wave would leave SMs idle at the end), no more than there are chunks. *per_sm caches the
 // occupancy of kernel (0 = not yet asked); shared memory is preferred over L1 for it.
 template <typename Kernel>
-static int bnb8_persistent_grid(Kernel kernel, int smem, int *per_sm, int64_t chunks, int64_t *grid) {
+static bnb8_status bnb8_persistent_grid(Kernel kernel, int smem, int *per_sm, int64_t chunks, int64_t *grid) {
     const char *fn = "bnb8_persistent_grid";
-    int device = 0, sms = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    int device = 0, sms = 0;
+    bnb8_status status = bnb8_cuda_status(fn, cudaGetDevice(&device));
     if (!status) status = bnb8_cuda_status(fn, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     if (!status && *per_sm == 0) {
         status = bnb8_cuda_status(fn, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
@@ -365,11 +367,12 @@ static int bnb8_persistent_grid(Kernel kernel, int smem, int *per_sm, int64_t ch
 // each allocation a mapping), and the caller's default pool is left as it is. *pool is NULL where
 // the driver has no memory pools (some vGPU and WDDM setups; BNB8_NO_MEMORY_POOLS=1 pretends so,
 // for the tests): the caller then uses cudaMalloc and cudaFree, which waits for the device.
-static int bnb8_scratch_pool(const char *fn, cudaMemPool_t *pool) {
+static bnb8_status bnb8_scratch_pool(const char *fn, cudaMemPool_t *pool) {
     static std::mutex lock;
     static cudaMemPool_t pools[64];
     *pool = NULL;
-    int device = 0, supported = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    int device = 0, supported = 0;
+    bnb8_status status = bnb8_cuda_status(fn, cudaGetDevice(&device));
     if (!status) status = bnb8_cuda_status(fn, cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
     if (status) return status;
     const char *pretend = getenv("BNB8_NO_MEMORY_POOLS");
@@ -394,11 +397,11 @@ static int bnb8_scratch_pool(const char *fn, cudaMemPool_t *pool) {
     return BNB8_OK;
 }
 
-int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                                    int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite,
-                                    cudaStream_t stream) {
+bnb8_status bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                            int64_t blocksize, uint8_t *q, float *absmax, int64_t *nonfinite,
+                                            cudaStream_t stream) {
     const char *fn = "bnb8_cuda_quantize_blockwise";
-    int status = bnb8_cuda_check_blockwise(fn, x, code, q, absmax, n, blocksize, dtype);
+    bnb8_status status = bnb8_cuda_check_blockwise(fn, x, code, q, absmax, n, blocksize, dtype);
     if (status) return status;
     unsigned long long *count = (unsigned long long *)nonfinite;
     if (count && (status = bnb8_cuda_status(fn, cudaMemsetAsync(count, 0, sizeof *count, stream)))) return status;
@@ -421,19 +424,19 @@ int bnb8_cuda_quantize_blockwise_ex(const void *x, bnb8_dtype dtype, int64_t n, 
     if (rows == 2) bnb8_quantize_kernel<2><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
     else bnb8_quantize_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(x, dtype, n, book, blocksize, q, absmax, count);
     status = bnb8_cuda_status(fn, cudaGetLastError());
-    int freed = bnb8_cuda_status(fn, pool ? cudaFreeAsync(book, stream) : cudaFree(book));
+    bnb8_status freed = bnb8_cuda_status(fn, pool ? cudaFreeAsync(book, stream) : cudaFree(book));
     return status ? status : freed;
 }
 
-int bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
-                                 int64_t blocksize, uint8_t *q, float *absmax, cudaStream_t stream) {
+bnb8_status bnb8_cuda_quantize_blockwise(const void *x, bnb8_dtype dtype, int64_t n, const float *code,
+                                         int64_t blocksize, uint8_t *q, float *absmax, cudaStream_t stream) {
     return bnb8_cuda_quantize_blockwise_ex(x, dtype, n, code, blocksize, q, absmax, NULL, stream);
 }
 
-int bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
-                                   int64_t blocksize, void *out, bnb8_dtype dtype, cudaStream_t stream) {
+bnb8_status bnb8_cuda_dequantize_blockwise(const uint8_t *q, const float *absmax, int64_t n, const float *code,
+                                           int64_t blocksize, void *out, bnb8_dtype dtype, cudaStream_t stream) {
     const char *fn = "bnb8_cuda_dequantize_blockwise";
-    int status = bnb8_cuda_check_blockwise(fn, q, absmax, code, out, n, blocksize, dtype);
+    bnb8_status status = bnb8_cuda_check_blockwise(fn, q, absmax, code, out, n, blocksize, dtype);
     if (status || n == 0) return status;
     int shift = 63 - __builtin_clzll((unsigned long long)blocksize);
     int64_t chunks = (n + (int64_t)BNB8_DEQUANT_ROWS * BNB8_ROW - 1) / ((int64_t)BNB8_DEQUANT_ROWS * BNB8_ROW);
@@ -451,15 +454,15 @@ extern "C" int bnb8_cuda_is_device_pointer(const void *p) {
     return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
 }
 
-extern "C" int bnb8_cuda_alloc_zeroed(void **p, size_t bytes) {
-    int status = bnb8_cuda_status("bnb8_cuda_alloc_zeroed", cudaMalloc(p, bytes));
+extern "C" bnb8_status bnb8_cuda_alloc_zeroed(void **p, size_t bytes) {
+    bnb8_status status = bnb8_cuda_status("bnb8_cuda_alloc_zeroed", cudaMalloc(p, bytes));
     if (!status) status = bnb8_cuda_status("bnb8_cuda_alloc_zeroed", cudaMemset(*p, 0, bytes));
     return status;
 }
 
 extern "C" void bnb8_cuda_free(void *p) { cudaFree(p); }
 
-extern "C" int bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_device) {
+extern "C" bnb8_status bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_device) {
     return bnb8_cuda_status("bnb8_cuda_copy",
                             cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
 }
@@ -1384,7 +1387,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     if (threadIdx.x % 32 == 0 && bad) atomicAdd(nonfinite, (unsigned long long)bad);
 }
 
-static int bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
+static bnb8_status bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
     const char *fn = "bnb8_optimizer_step";
     if (bytes > c->capacity) {
         for (int i = 0; i < 2; i++) {
@@ -1394,10 +1397,10 @@ static int bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
         c->capacity = 0;
         size_t cap = bytes * 2;
         for (int i = 0; i < 2; i++) {
-            int status = bnb8_cuda_status(fn, cudaMallocHost(&c->staging[i], cap));
+            bnb8_status status = bnb8_cuda_status(fn, cudaMallocHost(&c->staging[i], cap));
             if (status) return status;
         }
-        int status = bnb8_cuda_status(fn, cudaMalloc(&c->upload, cap));
+        bnb8_status status = bnb8_cuda_status(fn, cudaMalloc(&c->upload, cap));
         if (status) return status;
         c->capacity = cap;
     }
@@ -1408,7 +1411,7 @@ static int bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
         c->tensor_max = NULL;
         c->norm_capacity = 0;
         int capacity = count > INT_MAX / 2 ? count : 2 * count;   // room to grow, without int overflow
-        int status = bnb8_cuda_status(fn, cudaMalloc(&c->norms, sizeof(double) * BNB8_NORMS * (size_t)capacity));
+        bnb8_status status = bnb8_cuda_status(fn, cudaMalloc(&c->norms, sizeof(double) * BNB8_NORMS * (size_t)capacity));
         if (!status) status = bnb8_cuda_status(fn, cudaMalloc(&c->tensor_max, sizeof(unsigned) * 3 * (size_t)capacity));
         if (status) return status;
         c->norm_capacity = capacity;
@@ -1431,11 +1434,12 @@ extern "C" void bnb8_cuda_context_free(void *context) {
     free(c);
 }
 
-static int bnb8_context_create(bnb8_cuda_context **out) {
+static bnb8_status bnb8_context_create(bnb8_cuda_context **out) {
     const char *fn = "bnb8_optimizer_step";
     bnb8_cuda_context *c = (bnb8_cuda_context *)calloc(1, sizeof *c);
     if (!c) return bnb8_fail(BNB8_ERR_NOMEM, "%s: GPU context", fn);
-    int device = 0, status = bnb8_cuda_status(fn, cudaGetDevice(&device));
+    int device = 0;
+    bnb8_status status = bnb8_cuda_status(fn, cudaGetDevice(&device));
     if (!status) status = bnb8_cuda_status(fn, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device));
     for (int i = 0; i < 2 && !status; i++)
         status = bnb8_cuda_status(fn, cudaEventCreateWithFlags(&c->staged[i], cudaEventDisableTiming));
@@ -1449,12 +1453,12 @@ static int bnb8_context_create(bnb8_cuda_context **out) {
 // Launches the update kernel of kind KIND over its chunks with one wave of blocks (each block
 // copies its codebooks once, then takes chunks until none is left).
 template <int KIND, int FLASH, int PASS>
-static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, bnb8_step_header *dh,
-                              const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+static bnb8_status bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, bnb8_step_header *dh,
+                                      const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     const int smem = (int)sizeof(bnb8_update_smem);
     int *per_sm = &c->update_per_sm[PASS][FLASH][rows == 4][KIND];
     int64_t grid;
-    int status = rows == 2 ? bnb8_persistent_grid(bnb8_update_kernel<2, KIND, FLASH, PASS>, smem, per_sm, chunks, &grid)
+    bnb8_status status = rows == 2 ? bnb8_persistent_grid(bnb8_update_kernel<2, KIND, FLASH, PASS>, smem, per_sm, chunks, &grid)
                            : bnb8_persistent_grid(bnb8_update_kernel<4, KIND, FLASH, PASS>, smem, per_sm, chunks, &grid);
     if (status) return status;
     if (rows == 2) bnb8_update_kernel<2, KIND, FLASH, PASS><<<grid, BNB8_THREADS, smem, stream>>>(dh, dt, c->norms, c->nonfinite, c->tensor_max);
@@ -1466,8 +1470,8 @@ static int bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t chunks, bn
 // states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only). flash: the
 // FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters.
 template <int KIND, int PASS>
-static int bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
-                            bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
+                                    bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     if constexpr (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION) {
         if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
         if constexpr (PASS == BNB8_PASS_BLOCKS)
@@ -1477,8 +1481,8 @@ static int bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t c
 }
 
 template <int PASS>
-static int bnb8_launch_pass(bnb8_cuda_context *c, int kind, int flash, int rows, int64_t chunks,
-                            bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+static bnb8_status bnb8_launch_pass(bnb8_cuda_context *c, int kind, int flash, int rows, int64_t chunks,
+                                    bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     switch (kind) {
     case BNB8_ADAMW: return bnb8_launch_kind<BNB8_ADAMW, PASS>(c, flash, rows, chunks, dh, dt, stream);
     case BNB8_ADAM: return bnb8_launch_kind<BNB8_ADAM, PASS>(c, flash, rows, chunks, dh, dt, stream);
@@ -1501,12 +1505,12 @@ __global__ void bnb8_absmax_kernel(const bnb8_gpu_tensor *tensors, int first, in
     for (int k = 0; k < t->args.nstates; k++) t->absmax[k][0] = bnb8_bits_f32(tensor_max[3 * ti + k]);
 }
 
-extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
-                              const float code_unsigned[256], const float code_signed[256],
-                              const bnb8_codebook books[2], cudaStream_t stream) {
+extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
+                                      const float code_unsigned[256], const float code_signed[256],
+                                      const bnb8_codebook books[2], cudaStream_t stream) {
     const char *fn = "bnb8_optimizer_step";
     if (count <= 0) return BNB8_OK;
-    int status = *context ? BNB8_OK : bnb8_context_create((bnb8_cuda_context **)context);
+    bnb8_status status = *context ? BNB8_OK : bnb8_context_create((bnb8_cuda_context **)context);
     if (status) return status;
     bnb8_cuda_context *c = (bnb8_cuda_context *)*context;
     size_t header_bytes = (sizeof(bnb8_step_header) + 255) / 256 * 256;
@@ -1596,10 +1600,10 @@ extern "C" int bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, in
     return bnb8_cuda_status(fn, cudaGetLastError());
 }
 
-extern "C" int bnb8_cuda_take_nonfinite(void *context, int64_t *count) {
+extern "C" bnb8_status bnb8_cuda_take_nonfinite(void *context, int64_t *count) {
     bnb8_cuda_context *c = (bnb8_cuda_context *)context;
     unsigned long long value = 0;
-    int status = bnb8_cuda_status("bnb8_optimizer_take_nonfinite",
+    bnb8_status status = bnb8_cuda_status("bnb8_optimizer_take_nonfinite",
                                   cudaMemcpy(&value, c->nonfinite, sizeof value, cudaMemcpyDeviceToHost));
     if (!status) status = bnb8_cuda_status("bnb8_optimizer_take_nonfinite", cudaMemset(c->nonfinite, 0, sizeof value));
     *count = (int64_t)value;

@@ -9,6 +9,7 @@ are checked bit for bit too, and when they differ, within 1e-5 relative (stated 
 The harness is test/test.h's: random inputs from TEST_SEED (printed; set it to repeat a run),
 TEST_ONLY=text picks tests.
 */
+#define BNB8_INTERNAL             // the per-element math that the GPU results are compared with
 #include "bnb8.h"
 #include "test/test.h"
 #include <cuda_runtime.h>
@@ -85,9 +86,9 @@ static int steps(int full) { return quick ? 5 : full; }
 static void test_quantize_parity(void) {
     const int64_t sizes[] = {1, 255, 257, 4097, largest()};
     float maps[3][256];
-    bnb8_map_dynamic(maps[0], 1);
-    bnb8_map_dynamic(maps[1], 0);
-    bnb8_map_linear(maps[2], 1);
+    bnb8_map_dynamic(1, maps[0]);
+    bnb8_map_dynamic(0, maps[1]);
+    bnb8_map_linear(1, maps[2]);
     for (int m = 0; m < 3; m++)
         for (int d = 0; d < 3; d++)
             for (int64_t bs = 64; bs <= 4096; bs *= 2)
@@ -110,7 +111,7 @@ static void test_quantize_above_2g(void) {
         x[i] = bnb8_f32_to_bf16(((float)(z & 0xffff) - 32768.0f) * (1.0f + (float)((z >> 16) & 7)));
     }
     float code[256];
-    bnb8_map_dynamic(code, 1);
+    bnb8_map_dynamic(1, code);
     std::vector<uint8_t> q_cpu(n), q_gpu(n);
     std::vector<float> a_cpu(nblocks), a_gpu(nblocks);
     EXPECT(bnb8_quantize_blockwise(x.data(), BNB8_BF16, n, code, blocksize, q_cpu.data(), a_cpu.data()) == 0, "cpu");
@@ -219,7 +220,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
                 bnb8_store(t[i].g_cpu.data(), gdtype, 33, 0.0f);
                 bnb8_store(t[i].g_cpu.data(), gdtype, 34, 1.0f);
             }
-            // a finite gradient whose v = g^2 (or an SGD weight in fp16) overflows: counted and kept (P13)
+            // a finite gradient whose v = g^2 (or an SGD weight in fp16) overflows: counted and kept
             if (step % 10 == 6 && t[i].n > 20) bnb8_store(t[i].g_cpu.data(), gdtype, (7 * step) % t[i].n, 1e30f);
             CUDA_CHECK(cudaMemcpy(t[i].g_gpu, t[i].g_cpu.data(), t[i].n * gs, cudaMemcpyHostToDevice));
         }
@@ -380,8 +381,8 @@ static void test_flash_parity(void) {
         EXPECT(worst == 0.0 && equal, "%s flash among 8-bit blocks of 4096: params differ by %g rel, states or exports %s",
                name, worst, equal ? "equal" : "differ");
     }
-    // Group scales at their dtype's largest value (P13: a group absmax of 3.39e38 rounded up to bf16
-    // was inf): gradients {3.39e38, 0, 1} in a group at step 1 (SGD's momentum takes them as they
+    // Group scales at their dtype's largest value (a group absmax of 3.39e38 rounded up to bf16
+    // would be inf): gradients {3.39e38, 0, 1} in a group at step 1 (SGD's momentum takes them as they
     // are; Lion's and AdamW's first moments a tenth; AdamW's second moment overflows to inf), on
     // bf16 + int8 weights: e6m10 scales with bf16 gradients (the fast path's chunks, saturated at
     // 1.68e7: sent to the exact path), bf16 scales with f32 gradients (3.39e38 is above bf16's 3.3895e38).
@@ -797,6 +798,6 @@ int main(void) {
     test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     test_run("gnorm_scale_at: a device factor written before each step, GPU equals CPU at the products", test_gnorm_scale_at);
-    test_run("shards: N = 1, 2, 4, 8 shards in one GPU launch equal the CPU's shards and whole tensor (P15)", test_shard_parity);
+    test_run("shards: N = 1, 2, 4, 8 shards in one GPU launch equal the CPU's shards and whole tensor", test_shard_parity);
     return test_summary();
 }

@@ -1,5 +1,6 @@
 // test_harness.c — the runner, checks, random numbers and file helpers of test.h, for every test
 // program (the CPU suite, test_gpu, test_gpt2_cuda, ...): built once into build/test_harness.o.
+#define BNB8_INTERNAL             // bnb8_f32_to_narrow, for random bf16 and fp16 arrays
 #include "test.h"
 #include "bnb8.h"
 #include <stdarg.h>

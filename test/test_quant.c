@@ -3,6 +3,7 @@
 // Every check compares the library with a reference written here independently: exact formulas in
 // double, brute-force loops, the golden tables in test/data. Set BNB8_TEST_VERBOSE=1 to print the
 // measured round-trip errors.
+#define BNB8_INTERNAL             // the codebook and the nearest-code and 16-bit conversion functions it checks
 #include "test.h"
 #include "bnb8.h"
 #include <stdlib.h>
@@ -191,7 +192,7 @@ static void test_dynamic_maps(void) {
 
         float code[256];
         memset(code, 0xAB, sizeof code);
-        bnb8_map_dynamic(code, is_signed);
+        bnb8_map_dynamic(is_signed, code);
         for (int i = 0; i < 256; i++)
             EXPECT(fbits(code[i]) == golden[i], "%s[%d]: 0x%08x, golden 0x%08x", file, i, fbits(code[i]), golden[i]);
 
@@ -238,7 +239,7 @@ static void test_dynamic_maps(void) {
 static void test_linear_maps(void) {
     float code[256];
     memset(code, 0xAB, sizeof code);
-    bnb8_map_linear(code, 1);
+    bnb8_map_linear(1, code);
     for (int i = 0; i < 256; i++) {
         int k = i <= 127 ? i : i - 1;             // the zero (k = 127) appears twice, at 127 and 128
         double exact = -1.0 + 2.0 * k / 254.0;
@@ -251,7 +252,7 @@ static void test_linear_maps(void) {
         EXPECT(i == 127 ? code[i] == code[i + 1] : code[i] < code[i + 1], "linear signed not ascending at %d", i);
 
     memset(code, 0xAB, sizeof code);
-    bnb8_map_linear(code, 0);
+    bnb8_map_linear(0, code);
     for (int i = 0; i < 256; i++) {
         double exact = i / 255.0;
         EXPECT(fabs((double)code[i] - exact) <= ulpf(exact), "linear unsigned[%d] = %.9g, exact %.12g",
@@ -397,13 +398,13 @@ static void map_searching(float code[256]) {
 static void test_nearest_code_near(void) {
     test_rng r = test_rng_new();
     float maps[7][256];
-    bnb8_map_dynamic(maps[0], 1);
-    bnb8_map_dynamic(maps[1], 0);
-    bnb8_map_linear(maps[2], 1);            // a threshold at 0, in the tiny bucket
-    bnb8_map_linear(maps[3], 0);
+    bnb8_map_dynamic(1, maps[0]);
+    bnb8_map_dynamic(0, maps[1]);
+    bnb8_map_linear(1, maps[2]);            // a threshold at 0, in the tiny bucket
+    bnb8_map_linear(0, maps[3]);
     map_near_bucket_edges(maps[4]);
     map_searching(maps[5]);
-    bnb8_map_dynamic(maps[6], 1);           // a threshold at 2^-29, inside the tiny bucket: searches
+    bnb8_map_dynamic(1, maps[6]);           // a threshold at 2^-29, inside the tiny bucket: searches
     maps[6][128] = 0x1p-28f;
     bnb8_codebook *book = (bnb8_codebook *)xmalloc(sizeof *book), *signs = (bnb8_codebook *)xmalloc(sizeof *signs);
     for (int m = 0; m < 7; m++) {
@@ -455,10 +456,10 @@ static void test_nearest_code(void) {
     float maps[7][256];
     const char *names[7] = {"dynamic signed", "dynamic unsigned", "linear signed", "linear unsigned", "quantile",
                             "clustered", "thresholds next to bucket edges"};
-    bnb8_map_dynamic(maps[0], 1);
-    bnb8_map_dynamic(maps[1], 0);
-    bnb8_map_linear(maps[2], 1);
-    bnb8_map_linear(maps[3], 0);
+    bnb8_map_dynamic(1, maps[0]);
+    bnb8_map_dynamic(0, maps[1]);
+    bnb8_map_linear(1, maps[2]);
+    bnb8_map_linear(0, maps[3]);
     {
         const int64_t n = 20000;                 // a quantile map of skewed data: uneven thresholds
         float *x = (float *)xmalloc((size_t)n * sizeof(float));
@@ -623,8 +624,8 @@ static void test_round_trip_error_bars(void) {
     float *back = (float *)xmalloc((size_t)n * sizeof(float));
     void *x = xmalloc((size_t)n * 4);
     float code[2][256];
-    bnb8_map_dynamic(code[0], 0);
-    bnb8_map_dynamic(code[1], 1);
+    bnb8_map_dynamic(0, code[0]);
+    bnb8_map_dynamic(1, code[1]);
     for (int uniform = 0; uniform <= 1; uniform++) {
         for (int64_t i = 0; i < n; i++) data[i] = (float)(uniform ? test_uniform(&r) : test_randn(&r));
         for (int di = 0; di < 3; di++) {
@@ -715,8 +716,8 @@ static void test_quantize_exact(void) {
     const int64_t sizes[] = {1, 255, 257, 4097, 1000003};
     const int64_t blocks[] = {64, 256, 4096};
     float code[2][256];
-    bnb8_map_dynamic(code[0], 0);
-    bnb8_map_dynamic(code[1], 1);
+    bnb8_map_dynamic(0, code[0]);
+    bnb8_map_dynamic(1, code[1]);
     for (int si = 0; si < 5; si++) {
         int64_t n = sizes[si];
         void *x = xmalloc((size_t)n * 4);
@@ -752,8 +753,8 @@ static void test_quantize_exact(void) {
 static void test_edge_cases(void) {
     test_rng r = test_rng_new();
     float code[3][256];
-    bnb8_map_dynamic(code[0], 0);
-    bnb8_map_dynamic(code[1], 1);
+    bnb8_map_dynamic(0, code[0]);
+    bnb8_map_dynamic(1, code[1]);
     map_searching(code[2]);                 // every value takes the exact path
 
     // n = 0: status 0, nothing written (the counter reports 0 met); NULL arrays are fine too.
@@ -882,7 +883,7 @@ static void test_bad_arguments(void) {
     float code[256], x[512], absmax[8], out[512], absmax2[8], mean = -3.0f;
     uint8_t q[512], q2[8];
     int64_t nonfinite = -7;
-    bnb8_map_dynamic(code, 1);
+    bnb8_map_dynamic(1, code);
     for (int i = 0; i < 512; i++) x[i] = (float)(i - 256);
     // Snapshots of the outputs: nothing may be written on error.
     poison_bytes(q, sizeof q);
@@ -975,7 +976,7 @@ static void test_nested_absmax(void) {
     float *x = (float *)xmalloc((size_t)n * sizeof(float)), *back = (float *)xmalloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) x[i] = (float)test_randn(&r);
     float code[256], t[255];
-    bnb8_map_dynamic(code, 1);
+    bnb8_map_dynamic(1, code);
     ref_thresholds(code, t);
     uint8_t *q = (uint8_t *)xmalloc((size_t)n);
     float *absmax = (float *)xmalloc((size_t)nblocks * sizeof(float));

@@ -38,7 +38,7 @@ int main(void) {
         x[i] = ((float)(z >> 40) * 0x1.0p-24f - 0.5f) * 0.2f;
         g[i] = ((float)((z >> 8) & 0xffffff) * 0x1.0p-24f - 0.5f) * 0.02f;
     }
-    bnb8_map_dynamic(code, 1);
+    bnb8_map_dynamic(1, code);
     int max_threads = 1;
 #ifdef _OPENMP
     max_threads = omp_get_max_threads();

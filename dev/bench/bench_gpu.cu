@@ -4,6 +4,7 @@ the same run (DESIGN.md §10). CUDA events, 3 warm-ups, median of 20, buffers fa
 data made on the GPU (never zeros). Prints ms per 1e9 elements, GB/s and % of copy bandwidth.
 `bench_gpu NAME` runs the benchmarks whose name holds NAME; `bench_gpu order` the walk-order study.
 */
+#define BNB8_INTERNAL             // bnb8_store, to fill the benchmark tensors
 #include "bnb8.h"
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -97,7 +98,7 @@ static void bench_quantize(void) {
     CUDA_CHECK(cudaMalloc(&q, n));
     CUDA_CHECK(cudaMalloc(&absmax, n / 64 * 4));
     CUDA_CHECK(cudaMalloc(&code, 256 * 4));
-    bnb8_map_dynamic(host_code, 1);
+    bnb8_map_dynamic(1, host_code);
     CUDA_CHECK(cudaMemcpy(code, host_code, sizeof host_code, cudaMemcpyHostToDevice));
     fill_random(x, BNB8_F32, n, 1.0f);
     const int64_t blocks[] = {4096, 256};
@@ -328,7 +329,7 @@ int main(int argc, char **argv) {
         {"AdamW 8-bit, fp32 params + grads", BNB8_STATE_8BIT, BNB8_F32, BNB8_F32, 0, 16.0, "<= 6.0 ms"},
         {"AdamW 32-bit, fp32", BNB8_STATE_32BIT, BNB8_F32, BNB8_F32, 0, 28.0, "<= 10.0 ms"},
         {"AdamW flash, bf16 + int8 ECC + bf16 grads", BNB8_STATE_FLASH, BNB8_BF16, BNB8_BF16, 1, 12.25, "<= 4.6 ms"},
-        // master weights with block-wise and 32-bit states (P10): bf16 p r/w 4, + int8 correction r/w 2
+        // master weights with block-wise and 32-bit states: bf16 p r/w 4, + int8 correction r/w 2
         // or fp32 master r/w 8, bf16 g 2, m and v as above (8-bit: + absmax 2 x 8 / 256)
         {"AdamW 8-bit, bf16 + int8 ECC + bf16 grads", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 1, 12.0625, "-"},
         {"AdamW 8-bit, bf16 + fp32 master + bf16 grads", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 4, 18.0625, "-"},

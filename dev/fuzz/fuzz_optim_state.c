@@ -11,6 +11,7 @@ block sizes, step counts, lengths).
 A refused file must leave the optimizer as it was (its next save gives the same bytes as before);
 an accepted one must save back to a file that loads and saves to the same bytes, and step.
 */
+#define BNB8_INTERNAL             // bnb8_store, to fill the seed tensors
 #include "../../bnb8.h"
 #include "fuzz_util.h"
 
