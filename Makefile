@@ -5,7 +5,7 @@
 
 CC       ?= cc
 CFLAGS   ?= -O2
-override CFLAGS += -std=c11 -Wall -Wextra -ffp-contract=off -fno-fast-math -I.
+override CFLAGS += -std=c11 -Wall -Wextra -Werror=implicit-function-declaration -ffp-contract=off -fno-fast-math -I.
 override LDLIBS += -lm
 BUILD    ?= build
 
@@ -56,7 +56,7 @@ info:
 	@echo "bnb8: nvcc       $(if $(NVCC),$(NVCC) $(NVCC_ARCH),not found: CPU-only library)"
 	@echo "bnb8: GPU        $(if $(GPU_CC),compute capability $(GPU_CC),none seen by nvidia-smi)"
 	@echo "bnb8: trainer    make train runs $(TRAIN_BIN)"
-	@echo "bnb8: NCCL       $(if $(NCCL),yes: several GPUs with mpirun -np N $(BUILD)/train_gpt2_8bit_cuda (README),no (one GPU per run))"
+	@echo "bnb8: NCCL       $(if $(NCCL),yes: several GPUs with mpirun -np N $(BUILD)/train_gpt2_8bit_cuda (doc/multi_gpu.md),no (one GPU per run))"
 
 $(BUILD):
 	@mkdir -p $(BUILD)
@@ -90,9 +90,10 @@ $(BUILD)/readme_example: README.md $(BUILD)/bnb8.o | $(BUILD)
 	sed -n '/example:begin/,/example:end/p' README.md | sed '/^```/d;/^<!--/d' > $(BUILD)/readme_example.c
 	$(CC) $(CFLAGS) $(BUILD)/readme_example.c $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
-test: info $(BUILD)/readme_example $(BUILD)/test_cpu
+test: info $(BUILD)/readme_example $(BUILD)/test_cpu $(BUILD)/train_gpt2_8bit
 	./$(BUILD)/readme_example
 	./$(BUILD)/test_cpu
+	sh test/check_docs.sh $(BUILD)/train_gpt2_8bit .
 	CC="$(CC)" CFLAGS="-O0 $(if $(OPENMP),-fopenmp) $(if $(NCCL),$(TRAIN_CUDA_FLAGS))" sh test/check_layers.sh
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs it too).
@@ -164,7 +165,7 @@ $(BUILD)/train_gpt2_8bit_cuda: $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/gpt2_cuda
 GPU_COUNT := $(if $(GPU_CC),$(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU'),0)
 train: info $(TRAIN_BIN)
 	@if [ "$(GPU_COUNT)" -gt 1 ]; then \
-	    echo "bnb8: $(GPU_COUNT) GPUs; this run uses one. On all of them, one process per GPU (NCCL $(if $(NCCL),found,NOT found: install it first); README, Several GPUs):"; \
+	    echo "bnb8: $(GPU_COUNT) GPUs; this run uses one. On all of them, one process per GPU (NCCL $(if $(NCCL),found,NOT found: install it first); doc/multi_gpu.md):"; \
 	    echo "  mpirun -np $(GPU_COUNT) ./$(BUILD)/train_gpt2_8bit_cuda $(TRAIN_ARGS)"; \
 	    echo "  or without MPI: for r in \$$(seq 0 $$(($(GPU_COUNT) - 1))); do BNB8_RANKS=$(GPU_COUNT) BNB8_RANK=\$$r NCCL_NVLS_ENABLE=0 ./$(BUILD)/train_gpt2_8bit_cuda $(TRAIN_ARGS) & done; for r in \$$(seq 0 $$(($(GPU_COUNT) - 1))); do wait -n || kill \$$(jobs -p) 2> /dev/null; done"; fi
 	./$(TRAIN_BIN) $(TRAIN_ARGS)

@@ -432,8 +432,9 @@ struct bnb8_optimizer {
 };
 
 // The GPU path lives in bnb8_cuda.cu. Built with -DBNB8_CUDA, bnb8.c needs it; without, weak
-// references let a CPU-only program link alone (they are NULL then, and GPU tensors are refused)
-// and still use the GPU when bnb8_cuda.o is linked beside it.
+// references let a CPU-only program link alone (they are NULL then, and every pointer is taken for
+// host memory: passing a GPU tensor is the caller's error) and still use the GPU when bnb8_cuda.o
+// is linked beside it.
 #ifndef BNB8_CUDA
 #pragma weak bnb8_cuda_is_device_pointer
 #pragma weak bnb8_cuda_alloc_zeroed
@@ -493,8 +494,8 @@ static bnb8_status bnb8_check_decay(const char *fn, const char *name, double lr,
     return BNB8_OK;
 }
 
-// What no optimizer of kind can use is refused with a message naming the field (README, "What the
-// library refuses").
+// What no optimizer of kind can use is refused with a message naming the field (doc/guarantees.md,
+// "The library").
 static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8_config *c) {
     const char *names[] = {"beta1", "beta2", "beta3", "momentum", "dampening"};
     const float in01[] = {c->beta1, c->beta2, c->beta3, c->momentum, c->dampening};

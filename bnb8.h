@@ -63,7 +63,8 @@ into build/libbnb8.a):
     nvcc -std=c++17 -O3 -fmad=false -Xcompiler -ffp-contract=off -c bnb8_cuda.cu
     link with -lm and -fopenmp (or -lgomp), and -lcudart with the GPU.
   -DBNB8_CUDA makes bnb8.c call the GPU back end directly, which an archive needs; without it,
-  weak references let bnb8.o link alone and refuse GPU tensors. Without OpenMP the CPU runs on one
+  weak references let bnb8.o link alone, and every tensor is then taken for host memory (a GPU
+  pointer is the caller's error, not detected). Without OpenMP the CPU runs on one
   thread. Contraction into fused multiply-adds (-ffp-contract, -fmad) and fast-math would change
   the rounding, and with it the bits that the CPU and the GPU share: never use them here.
 

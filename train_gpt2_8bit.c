@@ -419,7 +419,7 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     TrainerState save = {s, t->loader.position, a->B, a->T, t->recipe - recipes, t->oc - optimizers,
                          t->model.config.stable_embedding, a->steps, t->rng.s, a->seed, a->release, a->accum,
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
-                         bnb8_optimizer_steps(t->opt, 0), t->rule, t->prev_norm, t->recipe->states == BNB8_STATE_FLASH ? t->scale : 0,
+                         bnb8_optimizer_step_count(t->opt, 0), t->rule, t->prev_norm, t->recipe->states == BNB8_STATE_FLASH ? t->scale : 0,
                          t->train_file.count, t->train_digest,
                          {t->profile[0], t->profile[1], t->profile[2]}, nccl_ranks(t, NULL)};
     float *masters;

@@ -451,7 +451,7 @@ static void nan_hook(GPT2 *m, float *grads, bnb8_optimizer *opt, int64_t s) {
     nan_rec.weights[s] = (float *)malloc(sizeof(float) * (size_t)m->num_parameters);
     if (nan_rec.weights[s]) memcpy(nan_rec.weights[s], m->params_memory, sizeof(float) * (size_t)m->num_parameters);
     nan_rec.opt_steps[s] = 0;
-    for (int i = 0; i < bnb8_optimizer_count(opt); i++) nan_rec.opt_steps[s] += bnb8_optimizer_steps(opt, i);
+    for (int i = 0; i < bnb8_optimizer_count(opt); i++) nan_rec.opt_steps[s] += bnb8_optimizer_step_count(opt, i);
     if (!nan_rec.inject) return;
     // Step 4: one NaN in qkvw's gradient; step 7: +Inf in wte's and -Inf in a layernorm bias's.
     ParameterTensors g;
@@ -676,7 +676,7 @@ static void test_api_limits(void) {
     float code[256], x[64] = {0}, absmax[2], absmax2[2], mean, out[64];
     uint8_t q[64], q2[2];
     int64_t nonfinite;
-    bnb8_map_dynamic(code, 1);
+    bnb8_map_dynamic(1, code);
     bnb8_optimizer *opt = NULL;
     EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, NULL) == 0, "create: %s", bnb8_last_error());
     if (!opt) return;
@@ -739,7 +739,7 @@ static void test_api_limits(void) {
             int s = bnb8_optimizer_load(opt, forged);
             if (k < 3) EXPECT(s == BNB8_ERR_FORMAT && strstr(bnb8_last_error(), "step count"), "step count %lld: %d '%s'",
                               (long long)steps[k], s, bnb8_last_error());
-            else EXPECT(s == 0 && bnb8_optimizer_steps(opt, 0) == 7 && bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0,
+            else EXPECT(s == 0 && bnb8_optimizer_step_count(opt, 0) == 7 && bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0,
                         "step count 7: %d '%s'", s, bnb8_last_error());
             remove(forged);
         }
@@ -752,7 +752,7 @@ static void test_api_limits(void) {
     opt = NULL;
     EXPECT(bnb8_optimizer_create(&opt, BNB8_SGD, &c) == 0 && bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, 100, NULL) == 0 &&
            bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0 && bnb8_optimizer_save(opt, path) == 0 &&
-           bnb8_optimizer_load(opt, path) == 0 && bnb8_optimizer_steps(opt, 0) == 1, "stateless SGD: %s", bnb8_last_error());
+           bnb8_optimizer_load(opt, path) == 0 && bnb8_optimizer_step_count(opt, 0) == 1, "stateless SGD: %s", bnb8_last_error());
     bnb8_optimizer_free(opt);
     remove(path);
 }

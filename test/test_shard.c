@@ -303,7 +303,7 @@ static void test_shard_files(void) {
     for (int64_t i = 0; i < total; i++) g[i] = bnb8_f32_to_bf16((float)(0.01 * test_randn(&rng)));
     for (int k = 0; k < 2; k++)
         EXPECT(bnb8_optimizer_step(two[k], 1e-3f, 1.0f, NULL) == 0 && bnb8_optimizer_step(back[k], 1e-3f, 1.0f, NULL) == 0 &&
-               bnb8_optimizer_steps(back[k], 0) == 3, "step after load: %s", bnb8_last_error());
+               bnb8_optimizer_step_count(back[k], 0) == 3, "step after load: %s", bnb8_last_error());
     EXPECT(memcmp(p, q, bytes) == 0, "a step after the load differs from a step without stopping");
     // another sharding: rank 0 of 3 ([0, 4096)) cannot take rank 0 of 2's ([0, 8192))
     uint16_t before = q[5];

@@ -28,7 +28,7 @@ typedef struct {
     int stable_embedding;     // 1: StableEmbedding's LayerNorm after the token embedding
 } GPT2Config;
 
-// Shape limits (README, "Limits"): with them every parameter size product stays below 2^47. A
+// Shape limits (doc/trainer.md, "Models"): with them every parameter size product stays below 2^47. A
 // batch (B, T) whose activations would take more than GPT2_MAX_ACT_BYTES is refused before anything
 // is allocated (gpt2_act_sizes, gpt2_cuda_create): the models' int64 size products then cannot overflow.
 #define GPT2_MAX_SEQ_LEN (1 << 20)

@@ -725,7 +725,7 @@ void nccl_hint(void) {
     int devices = 0;
     if (env_first("OMPI_COMM_WORLD_SIZE", "BNB8_RANKS") || cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) return;
     printf("note     %d GPUs here, this run uses one; to train on all of them, one process per GPU (global batch %d x B x T;\n"
-           "         README, Several GPUs): mpirun -np %d ./build/train_gpt2_8bit_cuda <these flags>, or\n"
+           "         doc/multi_gpu.md): mpirun -np %d ./build/train_gpt2_8bit_cuda <these flags>, or\n"
            "         for r in $(seq 0 %d); do BNB8_RANKS=%d BNB8_RANK=$r NCCL_NVLS_ENABLE=0 ./build/train_gpt2_8bit_cuda <these flags> & done;\n"
            "         for r in $(seq 0 %d); do wait -n || kill $(jobs -p) 2> /dev/null; done   # a rank that fails ends the others\n",
            devices, devices, devices, devices - 1, devices, devices - 1);

@@ -94,10 +94,10 @@ int optimizer_open(Trainer *t) {
         float *masters = t->grads;   // the CPU's gradient buffer, free now; the GPU's host weights
         if (!masters || t->lay.weights == BNB8_F32) masters = t->model.params_memory;
         for (int i = 0; t->resumed.version >= 2 && i < bnb8_optimizer_count(t->opt); i++)
-            if (bnb8_optimizer_steps(t->opt, i) != t->resumed.opt_steps)
+            if (bnb8_optimizer_step_count(t->opt, i) != t->resumed.opt_steps)
                 return train_fail("%s: tensor %d has taken %lld optimizer steps, the trainer state of step %lld says %lld: "
                                   "files of different checkpoints; resume from an earlier checkpoint", path, i,
-                                  (long long)bnb8_optimizer_steps(t->opt, i), (long long)t->resumed.step,
+                                  (long long)bnb8_optimizer_step_count(t->opt, i), (long long)t->resumed.step,
                                   (long long)t->resumed.opt_steps);
         if (t->resumed.version >= 2 && (t->nccl ? nccl_masters(t, where, sizeof where) : optimizer_masters(t, masters))) return -1;
         if (t->resumed.version >= 2 && !t->nccl) gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where);

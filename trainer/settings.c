@@ -97,8 +97,8 @@ void usage(FILE *f) {
         "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
         "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
         "              with its master, and the states) + the trainer state, their bytes per parameter by recipe in\n"
-        "              the README; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
-        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash (README's table)  (default %s)\n"
+        "              doc/trainer.md; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
+        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash (doc/trainer.md)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
         "  -K <int>    8bit, 8bit-int8: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
@@ -109,7 +109,7 @@ void usage(FILE *f) {
         "  -R <0|1>    gradient release (GPU): each layer stepped inside backward, no gradient buffer: 2 bytes per\n"
         "              parameter less (plus a scratch for the embeddings' gradients), no extra pass over the gradients,\n"
         "              two small launches per layer for -N est; clips with -N est or prev, not exact; not with -A.\n"
-        "              Its cost in tokens/s grows as the batch shrinks (per-layer launches: README)\n"
+        "              Its cost in tokens/s grows as the batch shrinks (per-layer launches: doc/results.md)\n"
         "              (default 0; 1 on the GPU for flash, see below)\n"
         "  -C <0|1>    GPU: recompute each layer's activations in backward (less memory, one more forward) (default 0)\n"
         "  -w <0|1>    StableEmbedding: layernorm after the token embedding, Xavier init, 32-bit state for wte\n"
@@ -150,7 +150,7 @@ void usage(FILE *f) {
         "A training loss that is not finite, or a skipped update, %d steps in a row stops the run (exit 1).\n"
         "Several GPUs (a build with NCCL): one process per GPU, `mpirun -np N train_gpt2_8bit_cuda ...` or\n"
         "BNB8_RANKS=N BNB8_RANK=r (BNB8_LOCAL_RANK, BNB8_NCCL_ID) for r = 0..N-1; the global batch is N x B x T x A;\n"
-        "-N exact, est or prev as on one GPU, -o / -y per rank, -X from rank 0; not yet: -P fp32 (README).\n"
+        "-N exact, est or prev as on one GPU, -o / -y per rank, -X from rank 0; not yet: -P fp32 (doc/multi_gpu.md).\n"
         "threads: OMP_NUM_THREADS (default: all cores)\n",
         d.train_path, d.val_path, d.tokenizer_path, d.model, d.recipe, d.optimizer, (long long)d.blocksize,
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,

@@ -48,8 +48,8 @@ typedef struct {
 
 // A run whose training loss is not finite, whose update is skipped (a non-finite gradient norm),
 // or whose gradients or update hold NaN or Inf (elements left unchanged), this many steps in a row
-// has diverged, or its model or data give NaN: it stops with an error, exit status 1 (README, "What
-// the trainer guarantees").
+// has diverged, or its model or data give NaN: it stops with an error, exit status 1 (doc/guarantees.md,
+// "The trainer").
 #define TRAIN_MAX_BAD_STEPS 10
 
 // Clipping rules (-N): this step's global norm, formed after backward; the previous step's, summed
