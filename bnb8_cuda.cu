@@ -195,7 +195,7 @@ static int bnb8_rows_for(int64_t blocksize) { return blocksize > 2 * BNB8_ROW ? 
 // accesses (no bounds tests). next >= 0 (FULL only): the block's next chunk, a full one, starts
 // at element next; its lines are asked of L2 once this chunk's loads are out (bnb8_prefetch), at 4
 // rows only (blocks of 4096): at 2 rows more blocks fit per SM and already keep enough loads in
-// flight, so the prefetch costs more than it hides (dev/bench/RESULTS.md).
+// flight, so the prefetch costs more than it hides (dev/results/kernels.md).
 template <int R, bool FULL>
 __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, const void *x, int dtype, int64_t n,
                                     bool vec, int64_t base, int64_t next, int64_t blocksize, uint8_t *q,
@@ -255,7 +255,7 @@ __device__ void bnb8_quantize_chunk(const bnb8_codebook &cb, int zero_code, cons
 
 // On GPUs with 2048 threads per SM, ask for 8 resident blocks per SM: the kernel fits their share
 // of the register file (32 per thread) without spilling, and without the bound ptxas takes more
-// registers and fewer blocks fit, which leaves less memory traffic in flight (dev/bench/RESULTS.md).
+// registers and fewer blocks fit, which leaves less memory traffic in flight (dev/results/kernels.md).
 // Elsewhere (1024 or 1536 threads per SM) the registers do not limit the blocks, and ptxas would warn.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 900 || \
                                __CUDA_ARCH__ == 1000 || __CUDA_ARCH__ == 1030)
@@ -291,7 +291,7 @@ bnb8_quantize_kernel(const void *x, int dtype, int64_t n, const bnb8_codebook *b
 // Dequantization: a block per chunk of 4 rows of 1024 elements (blocks beyond the grid's limit
 // loop), each thread's 4 code words loaded before use. Not a persistent grid: blocks launched in
 // order keep the chunks in flight close together in memory, which a wave of persistent blocks each
-// walking its own chunks does not (measured slower: dev/bench/RESULTS.md).
+// walking its own chunks does not (measured slower: dev/results/kernels.md).
 #define BNB8_DEQUANT_ROWS 4
 __global__ void __launch_bounds__(BNB8_THREADS)
 bnb8_dequantize_kernel(const uint8_t *q, const float *absmax, int64_t n, const float *code, int shift,
@@ -1310,7 +1310,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     // The chunks are handed out in order to whichever block asks next, up to BNB8_GRAB at a time
     // (a counter in the header): the chunks in flight on the GPU then lie close together in memory,
     // which DRAM serves faster than each block walking a range of its own (measured with
-    // `bench_gpu order`: dev/bench/RESULTS.md). Grabs shrink toward the end, to a quarter of what
+    // `bench_gpu order`: dev/results/kernels.md). Grabs shrink toward the end, to a quarter of what
     // each block would have left after its last, so that the blocks end together. A block's
     // chunks only grow.
     int64_t after = first_chunk;                 // thread 0: the end of the block's last grab
@@ -1356,7 +1356,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             // tensors always: their fast path gains more from it than the few register spills it
             // causes in the launch's other paths cost. RUN: the other full chunks, only where the
             // inner loop causes no spills (not in launches with flash tensors, nor for AdEMAMix's
-            // 3 states at 4 rows). Spill counts: dev/bench/RESULTS.md.
+            // 3 states at 4 rows). Spill counts: dev/results/kernels.md.
             constexpr bool RUN = !FLASH && !(R == 4 && bnb8_max_states(KIND) == 3);
             int64_t run_end = sm.t.first_chunk + sm.t.n / (R * BNB8_ROW);
             run_end = run_end < end ? run_end : end;

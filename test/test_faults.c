@@ -697,8 +697,8 @@ static void test_api_limits(void) {
                    calls[i].status, bnb8_last_error());
     }
     EXPECT(bnb8_optimizer_count(opt) == 0, "a refused add registered a tensor");
-    // Names: up to BNB8_MAX_NAME bytes, which the state file holds (one byte more used to save a
-    // file that could not be loaded back).
+    // Names: up to BNB8_MAX_NAME bytes, which the state file holds; one byte more is refused at add,
+    // since its file could not be loaded back.
     char *name = (char *)malloc(BNB8_MAX_NAME + 2);
     memset(name, 'n', BNB8_MAX_NAME + 1);
     name[BNB8_MAX_NAME + 1] = 0;

@@ -215,7 +215,7 @@ static void test_inputs_and_fields(void) {
     EXPECT(write_atomically(path, state_writer, &s) == 0, "%s", train_error_text);
     TrainerState back;
     expect_message(state_load(&back, path), "recipe is 99", "state: recipe 99");
-    // -v 0: never evaluated, not even at the end (it used to evaluate there)
+    // -v 0: never evaluated, not even at the end
     small_args(&a, 2);
     TrainResult r = {0};
     EXPECT(train_run(&a, &r) == 0 && isnan(r.val_loss), "-v 0: val loss %g, %s", (double)r.val_loss, train_error_text);

@@ -273,7 +273,7 @@ static void test_accumulation(void) {
     a.release = 1; a.grad_clip = 0.0f; a.accum = 2;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "-A 1"), "release with -A 2: '%s'", train_error_text);
     // -N exact, even unclipped: its norm pass needs every layer's gradients, which release never holds
-    // (it used to start and fail at step 1 in gpt2_cuda_grad_norm, "needs full gradients")
+    // (refused before the first step, not at step 1's norm)
     a.accum = 1; a.clip_rule = CLIP_EXACT;
     EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, "not with -N exact"), "release with -N exact -g 0: '%s'",
            train_error_text);
