@@ -77,6 +77,7 @@ static int open_model(Trainer *t) {
     int rank = 0, ranks = nccl_ranks(t, &rank);
     if (a->out_dir[0] && checkpoint_dir_open(a->out_dir, rank == 0, &t->lock_fd)) return -1;
     if (a->out_dir[0] && rank == 0) checkpoint_remove_temporaries(a->out_dir, a->verbose);   // it holds the lock
+    if (rank == 0 && export_check(a)) return -1;   // rank 0 writes the export
     if (a->resume) {
         t->start = checkpoint_before(a->out_dir, t->resume_limit);
         if (t->start == 0 && a->verbose) printf("note: no complete checkpoint in %s: starting from step 0\n", a->out_dir);
@@ -199,7 +200,7 @@ int trainer_open(Trainer *t, const TrainArgs *a) {
 }
 
 void trainer_free(Trainer *t) {
-    if (t->lock_fd > 0) close(t->lock_fd);   // releases the -o directory's lock
+    if (t->lock_fd >= 0) close(t->lock_fd);   // releases the -o directory's lock (fd 0 too, when stdin was closed)
     bnb8_optimizer_free(t->opt);
     clip_free(t);
     nccl_free(t);
@@ -210,6 +211,7 @@ void trainer_free(Trainer *t) {
     free(t->val_file.tokens);
     gpt2_free(&t->model);
     memset(t, 0, sizeof *t);
+    t->lock_fd = -1;
 }
 
 // Evaluation and sampling

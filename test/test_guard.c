@@ -18,6 +18,7 @@ of a negative tie, the trainer's clip scale. BNB8_TEST_VERBOSE=1 prints the mess
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
+#include <dirent.h>
 
 static int gverbose;
 static char gdir[64];
@@ -450,6 +451,214 @@ static void test_clip_scale(void) {
     EXPECT(step_scale(1e9, 0.0f, 1) == 1.0f, "clipping off: %g", (double)step_scale(1e9, 0.0f, 1));
 }
 
+// A file's contents, or "" when it cannot be read (free it).
+static char *contents(const char *path) {
+    size_t n;
+    char *d = (char *)test_slurp(path, &n);
+    return d ? d : (char *)calloc(1, 1);
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    EXPECT(f && fputs(text, f) >= 0, "cannot write %s", path);
+    if (f) fclose(f);
+}
+
+// -o may be a directory other programs use too: at start the run removes the temporaries of its own
+// checkpoint files that a killed run left (name.tmp.<pid>.<n> and name.tmp, regular files) and
+// nothing else: not a name that only holds ".tmp", nor a symlink or a directory named as a temporary.
+static void test_removes_only_own_temporaries(void) {
+    char out[128], target[128], path[256];
+    gpath(out, sizeof out, "shared");
+    gpath(target, sizeof target, "linked.txt");
+    mkdir(out, 0755);
+    write_text(target, "another program's file");
+    const char *kept[] = {"report.tmpl", "x.tmp", "notes.tmp.1.2", "optim_00000001.bin.tmpx", "optim_1.bin.tmp.5.0",
+                          "state_00000001.bin.tmp.5", "optim_00000001.bin.tmp.12.0"};   // the last: a symlink
+    const char *stale[] = {"optim_00000001.bin.tmp.12345.0", "state_00000001.bin.tmp", "DONE_00000001.tmp.7.3",
+                           "optim_00000001.rank1of2.bin.tmp.9.1"};
+    const int nk = (int)(sizeof kept / sizeof kept[0]), ns = (int)(sizeof stale / sizeof stale[0]);
+    for (int k = 0; k < nk - 1; k++) { snprintf(path, sizeof path, "%s/%s", out, kept[k]); write_text(path, "keep"); }
+    snprintf(path, sizeof path, "%s/%s", out, kept[nk - 1]);
+    EXPECT(symlink(target, path) == 0, "symlink %s", path);
+    snprintf(path, sizeof path, "%s/state_00000002.bin.tmp.12.1", out);   // a directory named as a temporary
+    mkdir(path, 0755);
+    for (int k = 0; k < ns; k++) { snprintf(path, sizeof path, "%s/%s", out, stale[k]); write_text(path, "half a checkpoint"); }
+    TrainArgs a;
+    small_args(&a, 1);
+    a.out_dir = out;
+    EXPECT(train_run(&a, NULL) == 0, "%s", train_error_text);
+    struct stat st;
+    for (int k = 0; k < nk; k++) {
+        snprintf(path, sizeof path, "%s/%s", out, kept[k]);
+        EXPECT(lstat(path, &st) == 0, "-o removed %s, not a temporary of its own", path);
+    }
+    snprintf(path, sizeof path, "%s/state_00000002.bin.tmp.12.1", out);
+    EXPECT(lstat(path, &st) == 0 && S_ISDIR(st.st_mode), "-o removed the directory %s", path);
+    char *text = contents(target);
+    EXPECT(strcmp(text, "another program's file") == 0, "the symlink's target changed: '%s'", text);
+    free(text);
+    for (int k = 0; k < ns; k++) {
+        snprintf(path, sizeof path, "%s/%s", out, stale[k]);
+        EXPECT(access(path, F_OK) != 0, "the stale temporary %s is still there", path);
+    }
+    test_remove_tree(out, 1);
+    remove(target);
+}
+
+// -X is checked before the first step, as -o is: a directory that cannot be written into, or a
+// path that is a directory, is refused with no step run; a writable one is probed without a file
+// left behind (only the export is there at the end).
+static void test_export_path_checked_before_training(void) {
+    char dir[128], bad[3][256], path[256];
+    gpath(dir, sizeof dir, "exports");
+    mkdir(dir, 0755);
+    snprintf(bad[0], sizeof bad[0], "%s/missing/m.bin", gdir);
+    snprintf(bad[1], sizeof bad[1], "%s/train.bin/m.bin", gdir);   // a file as the directory
+    snprintf(bad[2], sizeof bad[2], "%s", dir);
+    const char *want[3] = {"cannot write", "cannot write", "a directory"};
+    TrainArgs a;
+    for (int k = 0; k < 3; k++) {
+        small_args(&a, 2);
+        a.export_path = bad[k];
+        TrainResult r = {0};
+        train_error_text[0] = 0;
+        EXPECT(train_run(&a, &r) != 0 && strstr(train_error_text, want[k]) && r.last_step == 0,
+               "-X %s: steps to %lld, '%s'", bad[k], (long long)r.last_step, train_error_text);
+        if (gverbose) printf("    -X %s -> %s\n", bad[k], train_error_text);
+    }
+    small_args(&a, 2);
+    snprintf(path, sizeof path, "%s/m.bin", dir);
+    a.export_path = path;
+    EXPECT(train_run(&a, NULL) == 0 && access(path, F_OK) == 0, "-X %s: %s", path, train_error_text);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int others = 0;
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "m.bin")) {
+            others++;
+            EXPECT(0, "the export's directory holds %s", e->d_name);
+        }
+    if (d) closedir(d);
+    EXPECT(others == 0, "%d files beside the export", others);
+    test_remove_tree(dir, 1);
+}
+
+// -X never names the run's own files: a checkpoint file of -o (of a step written or to come, by its
+// directory, however spelled), an input (-i, -j, -z, a .bin -e; by identity, however spelled). Each
+// is refused before training, and the file stays as it was; another name in -o exports.
+static void test_export_refuses_own_files(void) {
+    char out[128], path[256], model[128];
+    gpath(out, sizeof out, "xo");
+    gpath(model, sizeof model, "model.bin");
+    TrainArgs a;
+    small_args(&a, 2);
+    a.export_path = model;
+    EXPECT(train_run(&a, NULL) == 0, "model file: %s", train_error_text);
+    small_args(&a, 3);
+    a.out_dir = out;
+    EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(out) == 3, "checkpoint: %s", train_error_text);
+    char names[4][256];
+    snprintf(names[0], sizeof names[0], "%s/optim_00000003.bin", out);
+    snprintf(names[1], sizeof names[1], "%s/./state_00000003.bin", out);
+    snprintf(names[2], sizeof names[2], "%s/../xo/optim_00000004.bin", out);   // the step to come
+    snprintf(names[3], sizeof names[3], "%s/DONE_00000004", out);
+    char *before = contents(names[0]);
+    for (int k = 0; k < 4; k++) {
+        small_args(&a, 4);
+        a.out_dir = out; a.resume = 1; a.export_path = names[k];
+        TrainResult r = {0};
+        train_error_text[0] = 0;
+        EXPECT(train_run(&a, &r) != 0 && strstr(train_error_text, "-o") && r.last_step == 0 && checkpoint_latest(out) == 3,
+               "-X %s: '%s'", names[k], train_error_text);
+        if (gverbose) printf("    -X %s -> %s\n", names[k], train_error_text);
+    }
+    char *after = contents(names[0]);
+    EXPECT(strcmp(before, after) == 0 && before[0], "the checkpoint's optimizer file changed");
+    free(before); free(after);
+    char train_alias[256];
+    small_args(&a, 2);
+    snprintf(train_alias, sizeof train_alias, "%s/../%s/./train.bin", gdir, strrchr(gdir, '/') + 1);
+    char tok[128];   // a copy of the tokenizer: on a regression the export replaces it, not the repository's
+    gpath(tok, sizeof tok, "tokenizer.bin");
+    size_t n;
+    uint8_t *bytes = test_slurp(DEFAULT_DATA_DIR "gpt2_tokenizer.bin", &n);
+    FILE *f = bytes ? fopen(tok, "wb") : NULL;
+    EXPECT(f && fwrite(bytes, 1, n, f) == n, "cannot copy the tokenizer to %s", tok);
+    if (f) fclose(f);
+    free(bytes);
+    const char *inputs[4] = {train_alias, a.val_path, tok, model};
+    const char *flags[4] = {"-i", "-j", "-z", "-e"};
+    for (int k = 0; k < 4; k++) {
+        small_args(&a, 2);
+        if (k == 2) a.tokenizer_path = inputs[2];
+        if (k == 3) a.model = model;
+        a.export_path = inputs[k];
+        char *was = contents(inputs[k]);
+        TrainResult r = {0};
+        train_error_text[0] = 0;
+        EXPECT(train_run(&a, &r) != 0 && strstr(train_error_text, flags[k]) && r.last_step == 0,
+               "-X %s, the run's %s: '%s'", inputs[k], flags[k], train_error_text);
+        char *now = contents(inputs[k]);
+        EXPECT(strcmp(was, now) == 0, "-X replaced the input %s", inputs[k]);
+        free(was); free(now);
+        if (gverbose) printf("    -X the run's %s -> %s\n", flags[k], train_error_text);
+    }
+    small_args(&a, 4);
+    a.out_dir = out; a.resume = 1;
+    snprintf(path, sizeof path, "%s/final.bin", out);
+    a.export_path = path;
+    EXPECT(train_run(&a, NULL) == 0 && access(path, F_OK) == 0 && checkpoint_latest(out) == 4, "-X %s: %s", path,
+           train_error_text);
+    test_remove_tree(out, 1);
+    remove(model);
+    remove(tok);
+}
+
+// The -o lock is a file descriptor like any other: with stdin closed it may be fd 0, and it is
+// released all the same (when a run ends, and when a resume falls back past a damaged checkpoint),
+// so that the next run, or the fallback, does not find the directory "in use by another run".
+static void test_lock_released_on_fd_zero(void) {
+    char out[128], path[256];
+    gpath(out, sizeof out, "fd0");
+    fflush(stdout);
+    int saved = dup(0);
+    close(0);
+    TrainArgs a;
+    small_args(&a, 2);
+    a.out_dir = out; a.ckpt_every = 1;
+    int s1 = train_run(&a, NULL);
+    EXPECT(s1 == 0, "first run: %s", train_error_text);
+    a.steps = 3; a.resume = 1;
+    int s2 = s1 ? -1 : train_run(&a, NULL);
+    EXPECT(s1 || s2 == 0, "a second run with stdin closed: '%s'", train_error_text);
+    checkpoint_path(path, sizeof path, out, "state", 3, ".bin");
+    truncate(path, 9);   // the newest checkpoint damaged: the resume falls back to step 2
+    a.steps = 4;
+    TrainResult r = {0};
+    int s3 = train_run(&a, &r);
+    EXPECT(s3 == 0 && r.first_step == 3, "fallback with stdin closed: steps from %lld, '%s'", (long long)r.first_step,
+           train_error_text);
+    if (saved >= 0) { dup2(saved, 0); close(saved); }
+    test_remove_tree(out, 1);
+}
+
+// A clip far below the norm (-g 1e-45, the least positive float; over 2 micro-batches) gives a
+// scale that rounds to 0 in float: the scale is kept positive, so the run trains (by almost nothing) instead of the library
+// refusing its step.
+static void test_tiny_clip_keeps_scale_positive(void) {
+    EXPECT(step_scale(5.0, 1e-45f, 1) > 0.0f && step_scale(1e300, 1.0f, 4) > 0.0f, "scales %g, %g",
+           (double)step_scale(5.0, 1e-45f, 1), (double)step_scale(1e300, 1.0f, 4));
+    const int rules[3] = {CLIP_EXACT, CLIP_PREV, CLIP_EST};
+    for (int k = 0; k < 3; k++) {
+        TrainArgs a;
+        small_args(&a, 3);
+        a.grad_clip = 1e-45f; a.clip_rule = rules[k]; a.accum = 2;   // the mean of 2: half the least float
+        TrainResult r = {0};
+        EXPECT(train_run(&a, &r) == 0 && r.last_step == 3, "-g 1e-45 -N %d: '%s'", rules[k], train_error_text);
+    }
+}
+
 void tests_guard(void) {
     gverbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     snprintf(gdir, sizeof gdir, "/tmp/bnb8_guard_XXXXXX");
@@ -468,5 +677,13 @@ void tests_guard(void) {
     test_run("guard: LAMB / LARS trust ratio: clipped and unclipped steps", test_trust_ratio);
     test_run("guard: ECC code of a tie t = -0.5 is -64 (exact and fast forms)", test_ecc_negative_tie);
     test_run("guard: the trainer's clip scale above, at and below the threshold", test_clip_scale);
+    test_run("guard: -o removes its own checkpoint temporaries only (regular files, by their exact names)",
+             test_removes_only_own_temporaries);
+    test_run("guard: -X is checked writable before the first step, leaving no file behind", test_export_path_checked_before_training);
+    test_run("guard: -X naming a checkpoint file of -o or an input of the run is refused before training",
+             test_export_refuses_own_files);
+    test_run("guard: the -o lock on fd 0 (stdin closed) is released: a second run and a fallback resume",
+             test_lock_released_on_fd_zero);
+    test_run("guard: -g 1e-45 keeps the clip scale positive: every rule trains", test_tiny_clip_keeps_scale_positive);
     test_remove_tree(gdir, 1);
 }

@@ -217,9 +217,50 @@ int checkpoint_dir_open(const char *dir, int lock, int *lock_fd) {
     return 0;
 }
 
-// Removes the temporaries a run killed while writing left in dir (regular files whose names hold
-// ".tmp": name.tmp.<pid>.<n>, bnb8_write_atomically, or the older name.tmp; a kill or SIGXFSZ
-// between create and rename), saying so. Called at start, once the run holds dir's lock.
+// A name checkpoint_path and checkpoint_optim_path write: optim, state, model (version 1's) or DONE,
+// "_" and the step, and its extension, exactly as they write it (one name, one file).
+static int checkpoint_file_name(const char *name) {
+    static const char *kinds[4] = {"optim", "state", "model", "DONE"};
+    for (int k = 0; k < 4; k++) {
+        size_t n = strlen(kinds[k]);
+        if (strncmp(name, kinds[k], n) != 0 || name[n] != '_' || name[n + 1] < '0' || name[n + 1] > '9') continue;
+        char *end, canonical[TRAIN_PATH_MAX];
+        long long step = strtoll(name + n + 1, &end, 10);
+        int rank = 0, ranks = 0, used = 0;
+        if (k == 3) snprintf(canonical, sizeof canonical, "DONE_%08lld", step);
+        else if (k == 0 && sscanf(end, ".rank%dof%d.bin%n", &rank, &ranks, &used) == 2 && end[used] == 0)
+            snprintf(canonical, sizeof canonical, "optim_%08lld.rank%dof%d.bin", step, rank, ranks);
+        else snprintf(canonical, sizeof canonical, "%s_%08lld.bin", kinds[k], step);
+        return strcmp(canonical, name) == 0;
+    }
+    return 0;
+}
+
+// A temporary of a checkpoint file: its name and ".tmp.<pid>.<n>" (bnb8_write_atomically), or ".tmp"
+// (the trainer's older form).
+static int checkpoint_temporary_name(const char *name) {
+    const char *tmp = strstr(name, ".tmp");
+    char base[TRAIN_PATH_MAX];
+    if (!tmp || (size_t)(tmp - name) >= sizeof base) return 0;
+    memcpy(base, name, (size_t)(tmp - name));
+    base[tmp - name] = 0;
+    const char *p = tmp + 4;
+    for (int part = 0; *p && part < 2; part++) {   // ".<digits>" twice, or nothing
+        if (*p++ != '.' || *p < '0' || *p > '9') return 0;
+        while (*p >= '0' && *p <= '9') p++;
+        if (part == 0 && *p != '.') return 0;
+    }
+    return *p == 0 && checkpoint_file_name(base);
+}
+
+int checkpoint_own_name(const char *name) {
+    return checkpoint_file_name(name) || checkpoint_temporary_name(name) || strcmp(name, "LOCK") == 0;
+}
+
+// Removes the temporaries a run killed while writing left in dir (a kill or SIGXFSZ between create
+// and rename): regular files named as a checkpoint file's temporary, and nothing else, for -o may be
+// a directory that other programs' files share (doc/guarantees.md). Called at start, once the run
+// holds dir's lock.
 void checkpoint_remove_temporaries(const char *dir, int verbose) {
     DIR *d = opendir(dir);
     if (!d) return;
@@ -227,10 +268,50 @@ void checkpoint_remove_temporaries(const char *dir, int verbose) {
     struct stat st;
     char path[TRAIN_PATH_MAX];
     while ((e = readdir(d)))
-        if (strstr(e->d_name, ".tmp") && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
+        if (checkpoint_temporary_name(e->d_name) && snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path &&
             lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) == 0 && verbose)
             printf("note: removed %s, a temporary file an interrupted run left\n", path);
     closedir(d);
+}
+
+// The same file: both exist and are one (device and inode).
+static int same_file(const char *a, const char *b) {
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+int export_check(const TrainArgs *a) {
+    const char *path = a->export_path;
+    if (!path[0]) return 0;
+    // its directory and its name in it: the file is written as a temporary there, then renamed
+    char dir[TRAIN_PATH_MAX], probe[TRAIN_PATH_MAX + 32];
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    if (strlen(path) >= sizeof dir) return train_fail("-X %s: the path is longer than %d bytes", path, TRAIN_PATH_MAX - 1);
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    struct stat st;
+    if (!name[0] || (stat(path, &st) == 0 && S_ISDIR(st.st_mode)))
+        return train_fail("-X %s is a directory: name the model file to write", path);
+    // the run's own files: its inputs, by identity, and -o's checkpoint files, those of any step,
+    // written or to come (the directory by identity, the name by the names the trainer writes)
+    size_t m = strlen(a->model);   // a descriptor names no file
+    const char *model = m > 4 && strcmp(a->model + m - 4, ".bin") == 0 ? a->model : "";
+    const char *inputs[4][2] = {{a->train_path, "-i"}, {a->val_path, "-j"}, {a->tokenizer_path, "-z"}, {model, "-e"}};
+    for (int k = 0; k < 4; k++)
+        if (inputs[k][0] && inputs[k][0][0] && (strcmp(inputs[k][0], path) == 0 || same_file(inputs[k][0], path)))
+            return train_fail("-X %s is the run's input %s %s: exporting would replace it; name another file", path,
+                              inputs[k][1], inputs[k][0]);
+    if (a->out_dir[0] && same_file(dir, a->out_dir) && checkpoint_own_name(name))
+        return train_fail("-X %s is a file of the checkpoint directory -o %s: exporting would replace it; name another "
+                          "file", path, a->out_dir);
+    // writable: a probe file made and removed, found before training as -o's is
+    snprintf(probe, sizeof probe, "%s/.probe_%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0 || close(fd) != 0 || remove(probe) != 0)
+        return train_fail("-X %s: cannot write into %s (%s): found before training, so that the run does not end "
+                          "without its export", path, dir, strerror(errno));
+    return 0;
 }
 
 // ------------------------------------------------------------------------------------------------

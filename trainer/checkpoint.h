@@ -43,6 +43,11 @@ int64_t path_size(const char *path);   // a file's bytes, 0 when there is none
 int checkpoint_dir_open(const char *dir, int lock, int *lock_fd);
 // Removes the temporaries a killed run left in dir, saying so (verbose).
 void checkpoint_remove_temporaries(const char *dir, int verbose);
+// A checkpoint file's name in -o (any step), a temporary of one, or the LOCK: the names the run owns there.
+int checkpoint_own_name(const char *name);
+// -X before anything trains: refused when it names a directory, an input of the run (-i, -j, -z,
+// a .bin -e) or a file of -o's checkpoints, or when its directory is not writable.
+int export_check(const TrainArgs *a);
 // The resume of t->start from t->a.out_dir as rank of ranks (0: a single process): the trainer state
 // into t->resumed, checked against the run's settings, and the model of its shape (its weights NaN
 // until the optimizer file restores them; a version 1 checkpoint's from its model file). t->damaged

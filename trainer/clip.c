@@ -6,14 +6,19 @@ and NCCL call these for the parts that are the same on every device.
 */
 #include <stdlib.h>
 #include <math.h>
+#include <float.h>
 #include "clip.h"
 #include "tensors.h"
 
 // gnorm_scale of a step whose gradients are the sum of accum micro-batches' mean gradients, norm
 // the norm of their mean: the mean, clipped at clip (0 = off; a NAN norm, none known: not clipped).
+// A clip far below a finite norm (a tiny -g, a huge norm) would round the scale to 0, which the
+// library refuses mid-run: it is kept at the least positive float instead, the nearest to what was
+// asked. No bound on -g could prevent that alone, for the norm has none.
 float step_scale(double norm, float clip, int64_t accum) {
     float scale = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
-    return scale / (float)accum;
+    scale /= (float)accum;
+    return scale > 0.0f ? scale : FLT_TRUE_MIN;
 }
 
 // The norm a step clips with: this step's (exact) or the previous step's (prev).

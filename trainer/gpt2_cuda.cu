@@ -538,7 +538,8 @@ __global__ void clip_scale_kernel(const double *partial, int parts, double *sums
     for (int j = 0; j <= k; j++) prefix += sums[j];
     double norm = sqrt(prefix / share) / (double)accum;
     float f = clip > 0.0f && norm > clip ? (float)(clip / norm) : 1.0f;
-    *scale = f / (float)accum;
+    f /= (float)accum;
+    *scale = f > 0.0f ? f : 0x1p-149f;   // never 0: the least positive float (FLT_TRUE_MIN)
 }
 
 // ------------------------------------------------------------------------------------------------
