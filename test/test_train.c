@@ -1086,7 +1086,8 @@ static void test_state_files(void) {
         {22, 3, "inconsistent", "clipping rule 3"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
         {25, -1, "training token count", "a negative token count"},
         {24, 1, "scale dtype", "bf16 scales for the 8bit recipe"}, {24, -1, "scale dtype", "scale dtype -1"},
-        {27, -1, "ranks", "negative ranks"}, {27, 1 << 21, "ranks", "2^21 ranks"}};
+        {27, -1, "ranks", "negative ranks"}, {27, 1 << 21, "ranks", "2^21 ranks"},
+        {3, -1, "data position", "a negative data position"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[32];
         memcpy(v, w, sizeof v);
@@ -1466,6 +1467,96 @@ static void test_ranks_checkpoint(void) {
     unsetenv("BNB8_RANK");
 }
 
+// -N prev over micro-batches: the norm it reports (and the next step clips with) is the norm of the
+// mean gradient, not of the sum the micro-batches leave, against a direct one of the gradients the
+// hook sees (their sum, halved).
+static void test_prev_rule_norm_of_mean(void) {
+    const int64_t N = 6;
+    TrainArgs a;
+    tiny_args(&a, "8bit", "adamw", N);
+    a.accum = 2; a.clip_rule = CLIP_PREV; a.grad_clip = 1.0f; a.eval_every = 0;
+    double norms[6];
+    TrainResult r = {0};
+    r.norms = norms;
+    for (int i = 0; i < 40; i++) direct_norm[i] = NAN;
+    train_after_backward = record_norm;
+    EXPECT(train_run(&a, &r) == 0, "-N prev -A 2: %s", train_error_text);
+    train_after_backward = NULL;
+    GPT2Config cfg;
+    int64_t sizes[GPT2_NUM_PARAMS], n = 0;
+    gpt2_config_from_descriptor(&cfg, a.model);
+    gpt2_param_sizes(&cfg, sizes);
+    for (int i = 0; i < GPT2_NUM_PARAMS; i++) n += sizes[i];
+    for (int s = 0; s < N; s++) {
+        double mean = direct_norm[s] / 2.0, bound = 2.0 * (double)n * 0x1p-53 * mean;
+        EXPECT(fabs(norms[s] - mean) <= bound, "step %d: norm %.17g, direct norm of the mean %.17g", s + 1, norms[s], mean);
+    }
+}
+
+// -N prev counts a step as clipped by the norm it clipped with (the previous step's), not by its own.
+static void test_prev_rule_counts_by_the_norm_it_clipped_with(void) {
+    static Trainer t;
+    char text[64];
+    t.rule = CLIP_PREV; t.a.grad_clip = 1.0f;
+    t.prev_norm = 2.0;
+    EXPECT(clip_step_end(&t, 0.5, 0, text, sizeof text) == 1 && t.prev_norm == 0.5,
+           "previous norm 2, this step's 0.5, clip 1: not counted as clipped");
+    EXPECT(clip_step_end(&t, 3.0, 0, text, sizeof text) == 0 && t.prev_norm == 3.0,
+           "previous norm 0.5, this step's 3, clip 1: counted as clipped");
+    t.prev_norm = NAN;
+    EXPECT(clip_step_end(&t, 3.0, 0, text, sizeof text) == 0, "no previous norm (the first step): counted as clipped");
+    t.rule = CLIP_EXACT; t.prev_norm = NAN;
+    EXPECT(clip_step_end(&t, 3.0, 0, text, sizeof text) == 1 && clip_step_end(&t, 3.0, 1, text, sizeof text) == 0,
+           "exact: this step's norm; a skipped step is not clipped");
+}
+
+// A trainer state that says another step than its checkpoint's (its checksum right) is of another
+// checkpoint: the resume passes it over for the one before.
+static void test_resume_refuses_state_of_another_step(void) {
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, "%s/otherstep", tdir);
+    test_remove_tree(dir, 1);
+    TrainArgs a;
+    tiny_args(&a, "8bit", "adamw", 2);
+    a.out_dir = dir; a.ckpt_every = 1; a.eval_every = 0;
+    TrainerState st;
+    checkpoint_path(path, sizeof path, dir, "state", 2, ".bin");
+    int ok = train_run(&a, NULL) == 0 && state_load(&st, path) == 0;
+    EXPECT(ok, "%s", train_error_text);
+    st.step = 3;   // the optimizer's step counts are still step 2's
+    ok = ok && write_atomically(path, state_writer, &st) == 0;
+    a.steps = 3; a.resume = 1;
+    TrainResult r = {0};
+    EXPECT(ok && train_run(&a, &r) == 0 && r.first_step == 2, "resume with step 2's state saying step 3: steps from %lld, '%s'",
+           (long long)r.first_step, train_error_text);
+    test_remove_tree(dir, 1);
+}
+
+// The ZeRO-1 layout pads no more than it must (the per-GPU memory rests on it): each tensor takes
+// the least multiple of 4096 that holds it, and S is the least multiple of 4096 whose ranks hold them
+// all; sizes that are multiples of 4096 take no padding.
+static void test_shard_layout_least_padding(void) {
+    test_rng rng = test_rng_new();
+    enum { T = 6 };
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t n[T], at[T], end = 0;
+        for (int j = 0; j < T; j++) {
+            int64_t u = 1 + (int64_t)(test_uniform(&rng) * 5);
+            n[j] = trial % 2 ? 4096 * u : 1 + (int64_t)(test_uniform(&rng) * 4096 * u);
+        }
+        int ranks = 1 + (int)(test_uniform(&rng) * 8);
+        int64_t S = shard_layout(n, T, ranks, at);
+        for (int j = 0; j < T; j++) {
+            EXPECT(at[j] == end, "trial %d: tensor %d at %lld, expected %lld", trial, j, (long long)at[j], (long long)end);
+            end += (n[j] + 4095) / 4096 * 4096;
+        }
+        int64_t least = (end / 4096 + ranks - 1) / ranks * 4096;
+        EXPECT(S == least && S * ranks >= end && (S - 4096) * ranks < end, "trial %d, %d ranks: S %lld, least %lld (end %lld)",
+               trial, ranks, (long long)S, (long long)least, (long long)end);
+        if (test_failures()) break;
+    }
+}
+
 static void test_settings(void) {
     GPT2Config c;
     EXPECT(gpt2_config_from_descriptor(&c, "d12") == 0 && c.channels == 768 && c.num_heads == 12 && c.num_layers == 12 &&
@@ -1622,5 +1713,11 @@ void tests_train(void) {
     test_run("train: the embedded fortunes data, a few steps and a sample", test_fortunes_smoke);
     test_run("train: descriptors, flags, schedule", test_settings);
     test_run("train: checkpoints of several ranks: file names, every rank's file, word 27, another N refused", test_ranks_checkpoint);
+    test_run("train: -N prev over 2 micro-batches: the norm of the mean gradient vs a direct one", test_prev_rule_norm_of_mean);
+    test_run("train: -N prev counts a step clipped by the norm it clipped with", test_prev_rule_counts_by_the_norm_it_clipped_with);
+    test_run("train: resume passes over a trainer state of another step for the checkpoint before",
+             test_resume_refuses_state_of_another_step);
+    test_run("train: the ZeRO-1 layout pads each tensor and each rank's part to the least multiple of 4096",
+             test_shard_layout_least_padding);
     test_remove_tree(tdir, 1);
 }
