@@ -680,6 +680,29 @@ static bnb8_status bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_
     return BNB8_OK;
 }
 
+// A tensor's fp32 master set to its bf16/fp16 weights, widened. On the GPU through host memory, as
+// bnb8_optimizer_import_fp32 does: widening is exact, so the bits are the CPU's.
+static bnb8_status bnb8_master_from_weights(bnb8_tensor *t) {
+    const char *fn = "bnb8_optimizer_add";
+    if (!t->on_gpu) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t->n; i++) ((float *)t->correction)[i] = bnb8_load(t->param, t->param_dtype, i);
+        return BNB8_OK;
+    }
+    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n;
+    void *w = malloc(wbytes);
+    float *master = (float *)malloc(sizeof(float) * (size_t)t->n);
+    bnb8_status status = w && master ? bnb8_cuda_copy(w, t->param, wbytes, 0)
+                                     : bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of a tensor's weights", fn);
+    if (!status) {
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t->n; i++) master[i] = bnb8_load(w, t->param_dtype, i);
+        status = bnb8_cuda_copy(t->correction, master, sizeof(float) * (size_t)t->n, 1);
+    }
+    free(w); free(master);
+    return status;
+}
+
 bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
                                void *grad, bnb8_dtype grad_dtype, int64_t n, int *id) {
     const char *fn = "bnb8_optimizer_add";
@@ -732,6 +755,12 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
         if (status) return status;
     }
     bnb8_layout_states(&t);
+    // An fp32 master starts as the weights it stands beside, widened (exact): left zeroed, the first
+    // step would write zero into every weight. An import_fp32 afterwards replaces it.
+    if (t.correction_bytes == 4 && (status = bnb8_master_from_weights(&t))) {
+        if (t.on_gpu) bnb8_cuda_free(t.memory); else free(t.memory);
+        return status;
+    }
     // Zeroed memory is the all-zero state once the codes of signed 8-bit states say zero.
     if (t.format == BNB8_STATE_8BIT) {
         for (int k = 0; k < t.nstates; k++) {
