@@ -1537,7 +1537,7 @@ static void test_scale_accuracy(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 9. Where an fp32 master starts
+// 9. Where an fp32 master starts, and non-finite counts summed over tensors
 
 // An fp32 master starts as its weights widened (exact), on every state format and for bf16 and fp16:
 // bnb8_optimizer_export_fp32 right after bnb8_optimizer_add gives (float)w, every element, and a step
@@ -1580,6 +1580,49 @@ static void test_master_starts_at_weights(void) {
     free(w); free(w0); free(g); free(master);
 }
 
+// Non-finite gradients in several flash tensors of one step: bnb8_optimizer_take_nonfinite gives
+// the sum over all of them, not one tensor's count. Each tensor gets its own random number of
+// NaN and +-inf at random places (a place drawn twice counts once).
+static void test_nonfinite_across_tensors(void) {
+    enum { T = 4 };
+    const int64_t sizes[T] = {5000, 4097, 32 * 70, 9001};
+    const bnb8_dtype pdts[T] = {BNB8_BF16, BNB8_F16, BNB8_BF16, BNB8_F32};
+    void *p[T];
+    float *g[T];
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+    c.format = BNB8_STATE_FLASH; c.min_8bit_size = 0;
+    bnb8_optimizer *opt = NULL;
+    test_rng rng = test_rng_new();
+    int ok = bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0;
+    for (int j = 0; j < T; j++) {
+        p[j] = malloc(bnb8_dtype_size(pdts[j]) * (size_t)sizes[j]);
+        g[j] = malloc(sizeof(float) * (size_t)sizes[j]);
+        for (int64_t i = 0; i < sizes[j]; i++) bnb8_store(p[j], pdts[j], i, (float)(0.1 * test_randn(&rng)));
+        char name[16];
+        snprintf(name, sizeof name, "t%d", j);
+        ok = ok && bnb8_optimizer_add(opt, name, p[j], pdts[j], g[j], BNB8_F32, sizes[j], NULL) == 0;
+    }
+    EXPECT(ok, "%s", bnb8_last_error());
+    for (int s = 0; ok && s < 3; s++) {
+        int64_t want = 0;
+        for (int j = 0; j < T; j++) {
+            for (int64_t i = 0; i < sizes[j]; i++) g[j][i] = (float)(0.01 * test_randn(&rng));
+            int64_t draws = 1 + (int64_t)(test_u64(&rng) % 200);
+            for (int64_t d = 0; d < draws; d++) {
+                int64_t i = (int64_t)(test_u64(&rng) % (uint64_t)sizes[j]);
+                g[j][i] = d % 3 == 0 ? NAN : d % 3 == 1 ? INFINITY : -INFINITY;
+            }
+            for (int64_t i = 0; i < sizes[j]; i++) want += !isfinite(g[j][i]);
+        }
+        ok = bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0;
+        int64_t got = bnb8_optimizer_take_nonfinite(opt);
+        EXPECT(ok && got == want, "step %d: %lld non-finite gradients counted, %lld in the %d tensors (%s)", s,
+               (long long)got, (long long)want, T, ok ? "" : bnb8_last_error());
+    }
+    for (int j = 0; j < T; j++) { free(p[j]); free(g[j]); }
+    bnb8_optimizer_free(opt);
+}
+
 void tests_flash(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     full = getenv("BNB8_TEST_FULL") != NULL;
@@ -1604,6 +1647,7 @@ void tests_flash(void) {
     test_run("flash: the GPU's fast companded codes next to every code boundary", test_fast_compand);
     test_run("master weights: fp32, int16, int8, none with 32-bit, 8-bit and flash states", test_master_every_format);
     test_run("master weights: an fp32 master starts at its bf16/fp16 weights; a zero-gradient step keeps them", test_master_starts_at_weights);
+    test_run("flash: non-finite gradients in several tensors of a step are all counted", test_nonfinite_across_tensors);
     test_run("flash: e6m10 scales within 2% of fp32 scales' distance from fp32 AdamW (2^15 elements)", test_scale_accuracy);
     rmdir(fdir);
 }
