@@ -100,6 +100,14 @@ test: info $(BUILD)/readme_example $(BUILD)/test_cpu $(BUILD)/train_gpt2_8bit
 test-asan:
 	$(MAKE) --no-print-directory BUILD=build/asan CFLAGS="-O1 -g -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=undefined,float-cast-overflow" test
 
+# The thread test (test/test_threads.c: several threads saving and loading their own optimizers at
+# once) under ThreadSanitizer. Built without OpenMP (OPENMP=): libgomp is not built with TSan, so its
+# own synchronization would be reported as races; the threads are then the test's alone.
+.PHONY: test-tsan
+test-tsan:
+	$(MAKE) --no-print-directory BUILD=build/tsan OPENMP= CFLAGS="-O1 -g -fsanitize=thread -Wno-unknown-pragmas" build/tsan/test_cpu
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66" TEST_ONLY=threads: ./build/tsan/test_cpu
+
 # The exhaustive versions of some tests (the 100-kill checkpoint test, ...): the same program with
 # BNB8_TEST_FULL=1, which each test group reads.
 test-full: info $(BUILD)/test_cpu

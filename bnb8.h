@@ -192,7 +192,9 @@ typedef struct {
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
     int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
                                  // bytes, 0 (none), 1 (int8), 2 (int16), 4 (an fp32 master), or
-                                 // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none
+                                 // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none.
+                                 // bnb8_optimizer_add starts the master at the weights (bnb8_optimizer_import_fp32
+                                 // sets other values)
     bnb8_dtype scale_dtype;      // flash: the group scales' type: BNB8_E6M10 (default: fp16's precision and
                                  // bf16's range, nearest), BNB8_BF16 or BNB8_F16 (rounded up), BNB8_F32
     int sum_squares;             // 1: each step also sums g^2 of the finite raw gradients (before gnorm_scale),

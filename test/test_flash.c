@@ -1536,6 +1536,93 @@ static void test_scale_accuracy(void) {
     EXPECT(dist[2] > 1.02 * dist[1], "bf16 scales (%.5f) meet the bar (1.02 x %.5f): it cannot fail", dist[2], dist[1]);
 }
 
+// ------------------------------------------------------------------------------------------------
+// 9. Where an fp32 master starts, and non-finite counts summed over tensors
+
+// An fp32 master starts as its weights widened (exact), on every state format and for bf16 and fp16:
+// bnb8_optimizer_export_fp32 right after bnb8_optimizer_add gives (float)w, every element, and a step
+// with zero gradients and no weight decay then leaves every weight's bits as they were (AdamW, SGD
+// and Lion all update by zero there).
+static void test_master_starts_at_weights(void) {
+    const int64_t n = 3 * 4096 + 77;
+    const bnb8_state_format fmts[3] = {BNB8_STATE_32BIT, BNB8_STATE_8BIT, BNB8_STATE_FLASH};
+    const bnb8_optim kinds[3] = {BNB8_ADAMW, BNB8_SGD, BNB8_LION};
+    uint16_t *w = malloc(2 * n), *w0 = malloc(2 * n);
+    float *g = calloc((size_t)n, sizeof(float)), *master = malloc(sizeof(float) * n);
+    test_rng rng = test_rng_new();
+    for (int f = 0; f < 3; f++)
+        for (int k = 0; k < 3; k++)
+            for (int d = 0; d < 2; d++) {
+                bnb8_dtype pdt = d ? BNB8_F16 : BNB8_BF16;
+                bnb8_config c = bnb8_config_default(kinds[k]);
+                c.format = fmts[f]; c.min_8bit_size = 0; c.correction_bytes = 4; c.weight_decay = 0.0f;
+                for (int64_t i = 0; i < n; i++) w[i] = bnb8_f32_to_narrow((float)(0.1 * test_randn(&rng)), pdt);
+                memcpy(w0, w, 2 * n);
+                bnb8_optimizer *opt = NULL;
+                int ok = bnb8_optimizer_create(&opt, kinds[k], &c) == 0 &&
+                         bnb8_optimizer_add(opt, "w", w, pdt, g, BNB8_F32, n, NULL) == 0 &&
+                         bnb8_optimizer_export_fp32(opt, 0, master) == 0;
+                EXPECT(ok, "kind %d format %d %s: %s", (int)kinds[k], (int)fmts[f], dt_name(pdt), bnb8_last_error());
+                int64_t bad_master = -1, bad_weight = -1;
+                for (int64_t i = 0; ok && i < n && bad_master < 0; i++)
+                    if (f_bits(master[i]) != f_bits(pdt == BNB8_BF16 ? bnb8_bf16_to_f32(w0[i]) : bnb8_f16_to_f32(w0[i]))) bad_master = i;
+                ok = ok && bnb8_optimizer_step(opt, 1e-2f, 1.0f, NULL) == 0;
+                EXPECT(ok, "kind %d format %d %s: step: %s", (int)kinds[k], (int)fmts[f], dt_name(pdt), bnb8_last_error());
+                for (int64_t i = 0; ok && i < n && bad_weight < 0; i++) if (w[i] != w0[i]) bad_weight = i;
+                EXPECT(bad_master < 0, "kind %d format %d %s: master %lld is %.9g after add, its weight %.9g", (int)kinds[k],
+                       (int)fmts[f], dt_name(pdt), (long long)bad_master, bad_master < 0 ? 0.0 : (double)master[bad_master],
+                       bad_master < 0 ? 0.0 : (double)(pdt == BNB8_BF16 ? bnb8_bf16_to_f32(w0[bad_master]) : bnb8_f16_to_f32(w0[bad_master])));
+                EXPECT(bad_weight < 0, "kind %d format %d %s: a zero-gradient step moved weight %lld from 0x%04x to 0x%04x",
+                       (int)kinds[k], (int)fmts[f], dt_name(pdt), (long long)bad_weight, bad_weight < 0 ? 0 : w0[bad_weight],
+                       bad_weight < 0 ? 0 : w[bad_weight]);
+                bnb8_optimizer_free(opt);
+            }
+    free(w); free(w0); free(g); free(master);
+}
+
+// Non-finite gradients in several flash tensors of one step: bnb8_optimizer_take_nonfinite gives
+// the sum over all of them, not one tensor's count. Each tensor gets its own random number of
+// NaN and +-inf at random places (a place drawn twice counts once).
+static void test_nonfinite_across_tensors(void) {
+    enum { T = 4 };
+    const int64_t sizes[T] = {5000, 4097, 32 * 70, 9001};
+    const bnb8_dtype pdts[T] = {BNB8_BF16, BNB8_F16, BNB8_BF16, BNB8_F32};
+    void *p[T];
+    float *g[T];
+    bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+    c.format = BNB8_STATE_FLASH; c.min_8bit_size = 0;
+    bnb8_optimizer *opt = NULL;
+    test_rng rng = test_rng_new();
+    int ok = bnb8_optimizer_create(&opt, BNB8_ADAMW, &c) == 0;
+    for (int j = 0; j < T; j++) {
+        p[j] = malloc(bnb8_dtype_size(pdts[j]) * (size_t)sizes[j]);
+        g[j] = malloc(sizeof(float) * (size_t)sizes[j]);
+        for (int64_t i = 0; i < sizes[j]; i++) bnb8_store(p[j], pdts[j], i, (float)(0.1 * test_randn(&rng)));
+        char name[16];
+        snprintf(name, sizeof name, "t%d", j);
+        ok = ok && bnb8_optimizer_add(opt, name, p[j], pdts[j], g[j], BNB8_F32, sizes[j], NULL) == 0;
+    }
+    EXPECT(ok, "%s", bnb8_last_error());
+    for (int s = 0; ok && s < 3; s++) {
+        int64_t want = 0;
+        for (int j = 0; j < T; j++) {
+            for (int64_t i = 0; i < sizes[j]; i++) g[j][i] = (float)(0.01 * test_randn(&rng));
+            int64_t draws = 1 + (int64_t)(test_u64(&rng) % 200);
+            for (int64_t d = 0; d < draws; d++) {
+                int64_t i = (int64_t)(test_u64(&rng) % (uint64_t)sizes[j]);
+                g[j][i] = d % 3 == 0 ? NAN : d % 3 == 1 ? INFINITY : -INFINITY;
+            }
+            for (int64_t i = 0; i < sizes[j]; i++) want += !isfinite(g[j][i]);
+        }
+        ok = bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0;
+        int64_t got = bnb8_optimizer_take_nonfinite(opt);
+        EXPECT(ok && got == want, "step %d: %lld non-finite gradients counted, %lld in the %d tensors (%s)", s,
+               (long long)got, (long long)want, T, ok ? "" : bnb8_last_error());
+    }
+    for (int j = 0; j < T; j++) { free(p[j]); free(g[j]); }
+    bnb8_optimizer_free(opt);
+}
+
 void tests_flash(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
     full = getenv("BNB8_TEST_FULL") != NULL;
@@ -1559,6 +1646,8 @@ void tests_flash(void) {
     test_run("flash: the GPU's fast int8 correction on every exponent", test_fast_ecc_code);
     test_run("flash: the GPU's fast companded codes next to every code boundary", test_fast_compand);
     test_run("master weights: fp32, int16, int8, none with 32-bit, 8-bit and flash states", test_master_every_format);
+    test_run("master weights: an fp32 master starts at its bf16/fp16 weights; a zero-gradient step keeps them", test_master_starts_at_weights);
+    test_run("flash: non-finite gradients in several tensors of a step are all counted", test_nonfinite_across_tensors);
     test_run("flash: e6m10 scales within 2% of fp32 scales' distance from fp32 AdamW (2^15 elements)", test_scale_accuracy);
     rmdir(fdir);
 }

@@ -470,6 +470,53 @@ static void test_master_parity(void) {
     }
 }
 
+// An fp32 master of GPU weights starts as the weights widened, as on the CPU (the same bits:
+// widening is exact): bnb8_optimizer_export_fp32 right after bnb8_optimizer_add gives (float)w for
+// every element, and a zero-gradient step without weight decay leaves every weight's bits (AdamW,
+// SGD and Lion update by zero there); 8-bit and flash states, bf16 and fp16 weights.
+static void test_master_starts_at_weights(void) {
+    const int64_t n = 3 * 4096 + 77;
+    const bnb8_state_format fmts[2] = {BNB8_STATE_8BIT, BNB8_STATE_FLASH};
+    const bnb8_optim kinds[3] = {BNB8_ADAMW, BNB8_SGD, BNB8_LION};
+    std::vector<uint16_t> w0(n), w1(n);
+    std::vector<float> master(n);
+    float *dg = NULL;
+    CUDA_CHECK(cudaMalloc(&dg, sizeof(float) * n));
+    CUDA_CHECK(cudaMemset(dg, 0, sizeof(float) * n));
+    for (int run = 0; run < 12; run++) {   // format, kind, weight dtype
+        int f = run / 6, k = run / 2 % 3;
+        bnb8_dtype pdt = run % 2 ? BNB8_F16 : BNB8_BF16;
+        bnb8_config c = bnb8_config_default(kinds[k]);
+        c.correction_bytes = 4; c.weight_decay = 0.0f; c.format = fmts[f]; c.min_8bit_size = 0;
+        fill_random(w0.data(), pdt, n, 0.1f);
+        uint16_t *dw = device_copy(w0.data(), (size_t)n);
+        bnb8_optimizer *opt = NULL;
+        int ok = bnb8_optimizer_create(&opt, kinds[k], &c) == 0 &&
+                 bnb8_optimizer_add(opt, "w", dw, pdt, dg, BNB8_F32, n, NULL) == 0 &&
+                 bnb8_optimizer_export_fp32(opt, 0, master.data()) == 0;
+        EXPECT(ok, "%s format %d %s: %s", optimizer_names[kinds[k]], (int)fmts[f], dtype_name(pdt), bnb8_last_error());
+        int64_t bad_master = -1, bad_weight = -1;
+        for (int64_t i = 0; ok && i < n && bad_master < 0; i++) {
+            float want = pdt == BNB8_BF16 ? bnb8_bf16_to_f32(w0[i]) : bnb8_f16_to_f32(w0[i]);
+            if (memcmp(&master[i], &want, 4) != 0) bad_master = i;
+        }
+        ok = ok && bnb8_optimizer_step(opt, 1e-2f, 1.0f, NULL) == 0;
+        EXPECT(ok, "%s format %d %s: step: %s", optimizer_names[kinds[k]], (int)fmts[f], dtype_name(pdt), bnb8_last_error());
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(w1.data(), dw, 2 * (size_t)n, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; ok && i < n && bad_weight < 0; i++) if (w1[i] != w0[i]) bad_weight = i;
+        EXPECT(bad_master < 0, "%s format %d %s: master %lld is %.9g after add, not its weight widened",
+               optimizer_names[kinds[k]], (int)fmts[f], dtype_name(pdt), (long long)bad_master,
+               bad_master < 0 ? 0.0 : (double)master[bad_master]);
+        EXPECT(bad_weight < 0, "%s format %d %s: a zero-gradient step moved weight %lld from 0x%04x to 0x%04x",
+               optimizer_names[kinds[k]], (int)fmts[f], dtype_name(pdt), (long long)bad_weight,
+               bad_weight < 0 ? 0 : w0[bad_weight], bad_weight < 0 ? 0 : w1[bad_weight]);
+        bnb8_optimizer_free(opt);
+        cudaFree(dw);
+    }
+    cudaFree(dg);
+}
+
 // The approximation the fast flash path may use (bnb8.h: bnb8_rcp_approx within 1 ulp of the
 // correctly rounded value), measured on every float of [1, 4): the hardware scales the exponent,
 // so these binades stand for the normal range.
@@ -795,6 +842,7 @@ int main(void) {
     test_run("flash: the fast path's approximate reciprocal is within its bound", test_fast_approximations);
     test_run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
     test_run("master weights: 100 steps, GPU equals CPU for 8-bit and flash states x int8, int16, fp32 masters", test_master_parity);
+    test_run("master weights: an fp32 master starts at its bf16/fp16 GPU weights; a zero-gradient step keeps them", test_master_starts_at_weights);
     test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     test_run("gnorm_scale_at: a device factor written before each step, GPU equals CPU at the products", test_gnorm_scale_at);

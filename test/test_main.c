@@ -6,6 +6,7 @@
 int main(void) {
     if (getenv("BNB8_TEST_CHILD")) return test_faults_child();
     printf("bnb8 CPU tests, TEST_SEED=%llu\n", (unsigned long long)test_seed());
+    tests_threads();   // first: the process's first save is made by several threads at once
     tests_quant();
     tests_optim();
     tests_train();

@@ -1088,6 +1088,88 @@ static void test_old_flash_file(void) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// 6. What a load rebuilds, and the block size of a record
+
+// bf16 and fp16 weights beside an fp32 master (the file keeps the masters, not these weights): an
+// optimizer over garbage weights that loads the file has, right after the load and before any step,
+// the saved weights and the saved masters, every element bit for bit; 32-bit, 8-bit and flash states.
+static void test_master_weights_after_load(void) {
+    const tensor_spec spec[3] = {{"h.0", 5003, BNB8_F16, BNB8_F32}, {"h.1", 4200, BNB8_BF16, BNB8_F32},
+                                 {"ln", 300, BNB8_F16, BNB8_BF16}};
+    const bnb8_state_format fmts[3] = {BNB8_STATE_32BIT, BNB8_STATE_8BIT, BNB8_STATE_FLASH};
+    char path[256];
+    path_in(path, sizeof path, "masters.bin");
+    float *ma = malloc(sizeof(float) * 5003), *mb = malloc(sizeof(float) * 5003);
+    for (int f = 0; f < 3; f++) {
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+        c.format = fmts[f]; c.min_8bit_size = 0; c.correction_bytes = 4;
+        test_rng rng = test_rng_new();
+        model A, B;
+        if (!model_new(&A, BNB8_ADAMW, &c, spec, 3, &rng)) break;
+        model_steps(&A, 3, c.lr, &rng);
+        save_checked(A.opt, path);
+        if (!model_new(&B, BNB8_ADAMW, &c, spec, 3, &rng)) { model_free(&A); break; }
+        for (int j = 0; j < 3; j++)
+            for (size_t i = 0; i < 2 * (size_t)spec[j].n; i++) ((uint8_t *)B.p[j])[i] = (uint8_t)test_u64(&rng);
+        EXPECT(bnb8_optimizer_load(B.opt, path) == 0, "format %d: load: %s", (int)fmts[f], bnb8_last_error());
+        for (int j = 0; j < 3; j++) {
+            int64_t bad_w = -1, bad_m = -1;
+            for (int64_t i = 0; i < spec[j].n && bad_w < 0; i++)
+                if (((uint16_t *)A.p[j])[i] != ((uint16_t *)B.p[j])[i]) bad_w = i;
+            int ok = bnb8_optimizer_export_fp32(A.opt, j, ma) == 0 && bnb8_optimizer_export_fp32(B.opt, j, mb) == 0;
+            for (int64_t i = 0; ok && i < spec[j].n && bad_m < 0; i++) if (memcmp(&ma[i], &mb[i], 4) != 0) bad_m = i;
+            EXPECT(ok && bad_w < 0 && bad_m < 0, "format %d, %s %s: after the load weight %lld and master %lld differ from "
+                   "the saved ones (-1: none) %s", (int)fmts[f], spec[j].name, spec[j].pdt == BNB8_F16 ? "fp16" : "bf16",
+                   (long long)bad_w, (long long)bad_m, ok ? "" : bnb8_last_error());
+        }
+        model_free(&A); model_free(&B);
+    }
+    free(ma); free(mb);
+    remove(path);
+}
+
+// A record's block size must be the optimizer's: a flash record whose block size says anything but
+// the 32 of its scale groups, and an 8-bit record of another block size, each with the CRC made
+// right, are refused and change nothing (the payload's size alone does not tell them apart).
+static void test_record_block_size(void) {
+    const tensor_spec spec[2] = {{"a", 5000, BNB8_BF16, BNB8_F32}, {"b", 4100, BNB8_F32, BNB8_F32}};
+    const bnb8_state_format fmts[2] = {BNB8_STATE_FLASH, BNB8_STATE_8BIT};
+    char valid[256], bad[256];
+    path_in(valid, sizeof valid, "block_valid.bin");
+    path_in(bad, sizeof bad, "block_bad.bin");
+    for (int f = 0; f < 2; f++) {
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+        c.format = fmts[f]; c.min_8bit_size = 0;
+        test_rng rng = test_rng_new();
+        model m;
+        if (!model_new(&m, BNB8_ADAMW, &c, spec, 2, &rng)) return;
+        model_steps(&m, 2, c.lr, &rng);
+        size_t size = 0;
+        uint8_t *v = save_checked(m.opt, valid) || save_checked(m.opt, before_path()) ? NULL : test_slurp(valid, &size);
+        record r[2];
+        int count = v ? parse_records(v, size, r, 2) : -1;
+        EXPECT(count == 2, "the saved file does not parse as the documented layout");
+        for (int j = 0; j < count; j++) {
+            uint64_t own = get64(v + r[j].fields + 16);
+            EXPECT(own == (uint64_t)(fmts[f] == BNB8_STATE_FLASH ? 32 : c.blocksize), "record %d's block size is %llu", j,
+                   (unsigned long long)own);
+            const uint64_t others[4] = {0, own / 2, own * 2, own + 1};
+            for (int k = 0; k < 4; k++) {
+                char what[96];
+                snprintf(what, sizeof what, "%s record %d of block size %llu (CRC made right)",
+                         fmts[f] == BNB8_STATE_FLASH ? "flash" : "8-bit", j, (unsigned long long)others[k]);
+                forge(v, size, size, r[j].fields + 16, 8, others[k], 0, 1, bad);
+                expect_refused(m.opt, bad, BNB8_ERR_FORMAT, what);
+            }
+        }
+        EXPECT(bnb8_optimizer_load(m.opt, valid) == 0, "the valid file no longer loads: %s", bnb8_last_error());
+        free(v);
+        model_free(&m);
+    }
+    remove(valid); remove(bad); remove(before_path());
+}
+
+// ------------------------------------------------------------------------------------------------
 
 void tests_state(void) {
     verbose = getenv("BNB8_TEST_VERBOSE") != NULL;
@@ -1105,5 +1187,7 @@ void tests_state(void) {
     test_run("state: a version 1 file (without those options and the weights) loads and is rewritten", test_old_file);
     test_run("state: a version 1 file with an empty record (no state, no weights) loads", test_old_empty_record);
     test_run("state: version 1 flash records with bf16, fp16, fp32 scales (no e6m10) load and are rewritten", test_old_flash_file);
+    test_run("state: bf16/fp16 weights beside fp32 masters are the saved ones right after a load", test_master_weights_after_load);
+    test_run("state: a record of another block size is refused (flash and 8-bit, CRC made right)", test_record_block_size);
     rmdir(dir);
 }
