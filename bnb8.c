@@ -683,23 +683,23 @@ static bnb8_status bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_
 // A tensor's fp32 master set to its bf16/fp16 weights, widened. On the GPU through host memory, as
 // bnb8_optimizer_import_fp32 does: widening is exact, so the bits are the CPU's.
 static bnb8_status bnb8_master_from_weights(bnb8_tensor *t) {
-    const char *fn = "bnb8_optimizer_add";
-    if (!t->on_gpu) {
-        #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < t->n; i++) ((float *)t->correction)[i] = bnb8_load(t->param, t->param_dtype, i);
-        return BNB8_OK;
+    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, mbytes = sizeof(float) * (size_t)t->n;
+    const void *w = t->param;
+    float *master = (float *)t->correction;
+    void *hw = NULL, *hm = NULL;
+    bnb8_status status = BNB8_OK;
+    if (t->on_gpu) {
+        w = hw = malloc(wbytes);
+        master = (float *)(hm = malloc(mbytes));
+        status = hw && hm ? bnb8_cuda_copy(hw, t->param, wbytes, 0)
+                          : bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_add: host copy of a tensor's weights");
     }
-    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n;
-    void *w = malloc(wbytes);
-    float *master = (float *)malloc(sizeof(float) * (size_t)t->n);
-    bnb8_status status = w && master ? bnb8_cuda_copy(w, t->param, wbytes, 0)
-                                     : bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of a tensor's weights", fn);
     if (!status) {
         #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < t->n; i++) master[i] = bnb8_load(w, t->param_dtype, i);
-        status = bnb8_cuda_copy(t->correction, master, sizeof(float) * (size_t)t->n, 1);
     }
-    free(w); free(master);
+    if (!status && t->on_gpu) status = bnb8_cuda_copy(t->correction, hm, mbytes, 1);
+    free(hw); free(hm);
     return status;
 }
 

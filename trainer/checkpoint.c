@@ -227,11 +227,10 @@ static int checkpoint_file_name(const char *name) {
         char *end, canonical[TRAIN_PATH_MAX];
         long long step = strtoll(name + n + 1, &end, 10);
         int rank = 0, ranks = 0, used = 0;
-        if (k == 3) snprintf(canonical, sizeof canonical, "DONE_%08lld", step);
-        else if (k == 0 && sscanf(end, ".rank%dof%d.bin%n", &rank, &ranks, &used) == 2 && end[used] == 0)
-            snprintf(canonical, sizeof canonical, "optim_%08lld.rank%dof%d.bin", step, rank, ranks);
-        else snprintf(canonical, sizeof canonical, "%s_%08lld.bin", kinds[k], step);
-        return strcmp(canonical, name) == 0;
+        if (k == 0 && !(sscanf(end, ".rank%dof%d.bin%n", &rank, &ranks, &used) == 2 && end[used] == 0)) ranks = 0;
+        if (k == 0) checkpoint_optim_path(canonical, sizeof canonical, ".", step, rank, ranks);
+        else checkpoint_path(canonical, sizeof canonical, ".", kinds[k], step, k == 3 ? "" : ".bin");
+        return strcmp(canonical + 2, name) == 0;   // the names those write, less "./"
     }
     return 0;
 }
