@@ -1462,6 +1462,66 @@ bnb8_status bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path) {
     return bnb8_write_atomically(path, bnb8_state_writer, opt);
 }
 
+// The header of a state file, checked (magic, its CRC, the version): header[] its version, kind and
+// tensor count, or a format error that names fn and path.
+static bnb8_status bnb8_read_header(FILE *f, const char *fn, const char *path, uint32_t header[3]) {
+    char magic[8];
+    uint32_t crc = 0, stored_crc;
+    if (!bnb8_read(f, magic, 8, &crc) || memcmp(magic, BNB8_STATE_MAGIC, 8) != 0)
+        return bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is not a bnb8 optimizer state file (bad magic)", fn, path);
+    if (!bnb8_read(f, header, 12, &crc)) return bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is truncated in its header", fn, path);
+    uint32_t header_crc = crc;
+    if (!bnb8_read(f, &stored_crc, 4, &crc) || stored_crc != header_crc)
+        return bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: header CRC mismatch", fn, path);
+    if (header[0] < 1 || header[0] > BNB8_STATE_VERSION)
+        return bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has version %u, expected 1..%u", fn, path, header[0], BNB8_STATE_VERSION);
+    return BNB8_OK;
+}
+
+// FNV-1a, 64 bits: len bytes at p folded into *h.
+static void bnb8_fold(uint64_t *h, const void *p, size_t len) {
+    for (size_t i = 0; i < len; i++) *h = (*h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+}
+// len bytes read from f into p and folded into *h: 0 when the file ends first.
+static int bnb8_read_folded(FILE *f, void *p, size_t len, uint64_t *h) {
+    if (len && fread(p, 1, len, f) != len) return 0;
+    bnb8_fold(h, p, len);
+    return 1;
+}
+
+// The header's words, then per record the fields before its payload and its CRC-32, which stands for
+// the payload: the payload is seeked over, never read (DESIGN.md §7).
+bnb8_status bnb8_optimizer_file_digest(const char *path, uint64_t *digest) {
+    const char *fn = "bnb8_optimizer_file_digest";
+    if (!path || !digest) return bnb8_fail(BNB8_ERR_NULL, "%s: path or digest is NULL", fn);
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
+    FILE *f = bnb8_open_regular(path, fn);
+    if (!f) return BNB8_ERR_IO;
+    struct stat st;
+    uint32_t header[3] = {0, 0, 0};
+    uint64_t h = 0xcbf29ce484222325ull;
+    bnb8_status status = fstat(fileno(f), &st) == 0 ? bnb8_read_header(f, fn, path, header)
+                                                    : bnb8_fail(BNB8_ERR_IO, "%s: cannot stat %s", fn, path);
+    if (!status) bnb8_fold(&h, header, sizeof header);
+    for (uint32_t i = 0; !status && i < header[2]; i++) {
+        // name length, name, n, [offset, total,] format, states, block, step (8 + 8 + 8 + 4 + 4 + 8 + 8), bytes
+        uint8_t fields[BNB8_MAX_NAME + 64];
+        uint32_t name_len = 0, crc;
+        uint64_t bytes = 0;
+        size_t rest = (header[0] >= 3 ? 16 : 0) + 32;
+        int ok = bnb8_read_folded(f, &name_len, 4, &h) && name_len <= BNB8_MAX_NAME &&
+                 bnb8_read_folded(f, fields, name_len + rest, &h) && bnb8_read_folded(f, &bytes, 8, &h);
+        off_t at = ok ? ftello(f) : -1;
+        ok = ok && at >= 0 && bytes <= (uint64_t)(st.st_size - at) && fseeko(f, (off_t)bytes, SEEK_CUR) == 0 &&
+             bnb8_read_folded(f, &crc, 4, &h);
+        if (!ok) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: tensor %u is truncated or has a bad name", fn, path, i);
+    }
+    if (!status && fgetc(f) != EOF) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has bytes after its last tensor", fn, path);
+    fclose(f);
+    if (!status) *digest = h;
+    return status;
+}
+
 FILE *bnb8_open_regular(const char *path, const char *who) {
     int fd = open(path, O_RDONLY | O_NONBLOCK);   // non-blocking: a FIFO would wait for a writer
     if (fd < 0) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno)); return NULL; }
@@ -1488,18 +1548,10 @@ bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
     bnb8_status status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
-    char magic[8], name[BNB8_MAX_NAME + 1];
-    uint32_t crc = 0, header[3], stored_crc;
-    if (!status && (!bnb8_read(f, magic, 8, &crc) || memcmp(magic, BNB8_STATE_MAGIC, 8) != 0))
-        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is not a bnb8 optimizer state file (bad magic)", fn, path);
-    if (!status && !bnb8_read(f, header, sizeof header, &crc))
-        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s is truncated in its header", fn, path);
-    uint32_t header_crc = crc;
-    if (!status && (!bnb8_read(f, &stored_crc, 4, &crc) || stored_crc != header_crc))
-        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: header CRC mismatch", fn, path);
+    char name[BNB8_MAX_NAME + 1];
+    uint32_t crc = 0, header[3] = {0, 0, 0}, stored_crc;
+    if (!status) status = bnb8_read_header(f, fn, path, header);
     uint32_t version = header[0];
-    if (!status && (version < 1 || version > BNB8_STATE_VERSION))
-        status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has version %u, expected 1..%u", fn, path, version, BNB8_STATE_VERSION);
     if (!status && header[1] != (uint32_t)opt->kind)
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds optimizer kind %u, this optimizer is %d", fn, path, header[1], (int)opt->kind);
     if (!status && header[2] != (uint32_t)count)

@@ -269,6 +269,9 @@ bnb8_status bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
 // Reads a file of bnb8_optimizer_save that matches the registered tensors; on any error nothing changes.
 // Each shard's record names its range: a file of another sharding is refused with both ranges.
 bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
+// A digest of a file of bnb8_optimizer_save from its header and records' CRC-32s, their data seeked
+// over (not such a file: BNB8_ERR_FORMAT); a trainer stores it beside its own state to bind the two.
+bnb8_status bnb8_optimizer_file_digest(const char *path, uint64_t *digest);
 // The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors).
 bnb8_status bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
 // Sets tensor id's weights and correction from n fp32 masters in host memory (RNE + correction;

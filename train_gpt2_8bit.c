@@ -102,7 +102,8 @@ static int open_model(Trainer *t) {
                           t->model.config.stable_embedding ? "with" : "without", a->stable_embedding);
     if (check_batch(a, &t->model.config)) return -1;
     if (t->start >= a->steps && !a->export_path[0])   // -X exports the checkpoint as it is
-        return train_fail("%s: the checkpoint is at step %lld, not before the last step %lld (raise -n)", a->out_dir,
+        return train_fail("%s: the checkpoint is at step %lld, the last of its run (-n %lld): nothing to train (-X exports "
+                          "it; to train on, start another run in another -o from the exported model, -e)", a->out_dir,
                           (long long)t->start, (long long)a->steps);
     if (a->stop_after > 0 && t->start >= a->stop_after && !a->export_path[0])
         return train_fail("%s: the checkpoint is at step %lld, -x %lld stops at or before it: nothing to train (raise -x, "
@@ -174,7 +175,7 @@ static int trainer_open_before(Trainer *t, const TrainArgs *a, int64_t limit) {
         t->loader.position = t->resumed.position;
         t->rng.s = t->resumed.rng;
     }
-    t->end = last_step(a);
+    t->end = last_step(&t->a);   // a resume may have taken -n from its checkpoint
     if (t->end < t->start) t->end = t->start;   // -X from a checkpoint at or past -n or -x: no step to run
     return 0;
 }
@@ -423,7 +424,10 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
                          (int64_t)bnb8_dtype_size(t->lay.weights), STATE_VERSION, t->model.config,
                          bnb8_optimizer_step_count(t->opt, 0), t->rule, t->prev_norm, t->recipe->states == BNB8_STATE_FLASH ? t->scale : 0,
                          t->train_file.count, t->train_digest,
-                         {t->profile[0], t->profile[1], t->profile[2]}, nccl_ranks(t, NULL)};
+                         {t->profile[0], t->profile[1], t->profile[2]}, nccl_ranks(t, NULL),
+                         .lr = t->lr, .final_lr_frac = a->final_lr_frac, .weight_decay = t->wd, .grad_clip = a->grad_clip,
+                         .warmup = a->warmup, .map = a->map, .blocksize = a->blocksize,
+                         .optim_digest = 0};   // checkpoint_save binds the optimizer files it writes
     float *masters;
     int64_t own = 0;
     if (t->nccl ? nccl_checkpoint_save(t, &save, bytes, &own)

@@ -48,6 +48,9 @@ const char *test_data_path(const char *name);
 
 // The whole file at path (plus a terminating zero, for text) and its size; NULL if unreadable.
 uint8_t *test_slurp(const char *path, size_t *size);
+// Runs fn(ctx) with this process's stdout in the file at path: fn's result; *text (free it): what
+// it printed.
+int test_stdout_in(const char *path, int (*fn)(void *ctx), void *ctx, char **text);
 
 // Random numbers: splitmix64 state, uniform in [0, 1), standard normal (Box-Muller, double).
 // test_seed: the run's seed, TEST_SEED or else the time, fixed at the first call (print it in the header).
@@ -78,6 +81,7 @@ int test_faults_child(void);
 void tests_flash(void);
 void tests_guard(void);
 void tests_shard(void);
+void tests_resume(void);
 void tests_threads(void);
 
 // CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state

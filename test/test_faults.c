@@ -608,7 +608,7 @@ static void test_nonfinite_weights(void) {
     remove(path);
     test_remove_tree(ckdir, 1);
     // A checkpoint whose optimizer file was given a NaN weight after it was written (its CRC made
-    // right): resume falls back to the checkpoint before; with that one damaged too, it is refused,
+    // right, its trainer state's digest too): resume falls back to the checkpoint before; with that one damaged too, it is refused,
     // naming the newest's file, the tensor and the element.
     char dir[256], err[256];
     fpath(dir, sizeof dir, "nan_resume");
@@ -619,9 +619,14 @@ static void test_nonfinite_weights(void) {
         child_args(&a, dir, "8bit", 4);
         a.stop_after = 2;
         EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(dir) == 2, "first part: %s", train_error_text);
-        for (int64_t s = 2 - both; s <= 2; s++) {
+        for (int64_t s = 2 - both; s <= 2; s++) {   // the trainer state bound to the changed file again
+            TrainerState st;
+            char state[512];
             checkpoint_path(path, sizeof path, dir, "optim", s, ".bin");
+            checkpoint_path(state, sizeof state, dir, "state", s, ".bin");
             EXPECT(nan_weight(path), "%s does not parse as a state file whose first record is wte", path);
+            EXPECT(state_load(&st, state) == 0 && checkpoint_state_save(dir, &st, 0) == 0, "rebinding %s: %s", state,
+                   train_error_text);
         }
         a.stop_after = 0;
         train_error_text[0] = 0;

@@ -57,19 +57,16 @@ static void small_args(TrainArgs *a, int64_t steps) {
     a->eval_every = 0; a->gen_tokens = 0; a->verbose = 0;
 }
 
+// A train_run for test_stdout_in.
+typedef struct { const TrainArgs *args; TrainResult *result; } Run;
+static int train_run_of(void *ctx) { const Run *r = (const Run *)ctx; return train_run(r->args, r->result); }
+
 // train_run with its stdout in gdir/name; *text (free it): what it printed.
 static int run_logged(const TrainArgs *a, TrainResult *r, const char *name, char **text) {
     char log[128];
+    Run run = {a, r};
     gpath(log, sizeof log, name);
-    fflush(stdout);
-    int saved = dup(1), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (saved >= 0 && fd >= 0) { dup2(fd, 1); close(fd); }
-    int status = train_run(a, r);
-    fflush(stdout);
-    if (saved >= 0) { dup2(saved, 1); close(saved); }
-    size_t n = 0;
-    *text = (char *)test_slurp(log, &n);
-    return status;
+    return test_stdout_in(log, train_run_of, &run, text);
 }
 
 static int count_done(const char *dir) {
@@ -278,7 +275,7 @@ static void test_resume_flags(void) {
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         TrainArgs b = a;
-        if (refused[i].model) { b.model = refused[i].model; b.model_given = 1; }
+        if (refused[i].model) { b.model = refused[i].model; b.given['e'] = 1; }
         if (refused[i].train) b.train_path = refused[i].train;
         b.stable_embedding = refused[i].stable;
         b.stop_after = refused[i].stop;
@@ -302,7 +299,7 @@ static void test_resume_flags(void) {
     memset(losses, 0, sizeof losses);
     for (int seed = 0; seed < 2; seed++) {   // -d 99 from the checkpoint of step 3: noted, the same losses
         b = a;
-        b.model_given = 1; b.verbose = 1; b.eval_every = 0;
+        b.given['e'] = 1; b.verbose = 1; b.eval_every = 0;
         if (seed) b.seed = 99;
         char *text = NULL;
         TrainResult rr = {0};
@@ -555,8 +552,8 @@ static void test_export_refuses_own_files(void) {
     small_args(&a, 2);
     a.export_path = model;
     EXPECT(train_run(&a, NULL) == 0, "model file: %s", train_error_text);
-    small_args(&a, 3);
-    a.out_dir = out;
+    small_args(&a, 4);
+    a.out_dir = out; a.stop_after = 3;
     EXPECT(train_run(&a, NULL) == 0 && checkpoint_latest(out) == 3, "checkpoint: %s", train_error_text);
     char names[4][256];
     snprintf(names[0], sizeof names[0], "%s/optim_00000003.bin", out);
@@ -625,16 +622,16 @@ static void test_lock_released_on_fd_zero(void) {
     int saved = dup(0);
     close(0);
     TrainArgs a;
-    small_args(&a, 2);
-    a.out_dir = out; a.ckpt_every = 1;
+    small_args(&a, 4);
+    a.out_dir = out; a.ckpt_every = 1; a.stop_after = 2;
     int s1 = train_run(&a, NULL);
     EXPECT(s1 == 0, "first run: %s", train_error_text);
-    a.steps = 3; a.resume = 1;
+    a.stop_after = 3; a.resume = 1;
     int s2 = s1 ? -1 : train_run(&a, NULL);
     EXPECT(s1 || s2 == 0, "a second run with stdin closed: '%s'", train_error_text);
     checkpoint_path(path, sizeof path, out, "state", 3, ".bin");
     truncate(path, 9);   // the newest checkpoint damaged: the resume falls back to step 2
-    a.steps = 4;
+    a.stop_after = 0;
     TrainResult r = {0};
     int s3 = train_run(&a, &r);
     EXPECT(s3 == 0 && r.first_step == 3, "fallback with stdin closed: steps from %lld, '%s'", (long long)r.first_step,

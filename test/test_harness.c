@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 static int64_t tests_passed, tests_failed, failures_in_test;
 static int announce, failures_shown = 5;
@@ -70,6 +72,20 @@ uint8_t *test_slurp(const char *path, size_t *size) {
     fclose(f);
     *size = len > 0 ? (size_t)len : 0;
     return data;
+}
+
+int test_stdout_in(const char *path, int (*fn)(void *ctx), void *ctx, char **text) {
+    fflush(stdout);
+    int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (saved >= 0 && fd >= 0) dup2(fd, 1);
+    if (fd >= 0) close(fd);
+    int status = fn(ctx);
+    fflush(stdout);
+    if (saved >= 0) { dup2(saved, 1); close(saved); }
+    size_t n = 0;
+    *text = (char *)test_slurp(path, &n);
+    if (!*text) *text = (char *)calloc(1, 1);
+    return status;
 }
 
 uint64_t test_seed(void) {

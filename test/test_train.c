@@ -425,8 +425,8 @@ static int write_old_layout(const char *dir, const char *old, int64_t k, const G
     checkpoint_path(from, sizeof from, dir, "state", k, ".bin");
     checkpoint_path(to, sizeof to, old, "state", k, ".bin");
     d = slurp(from, &size);
-    ok &= d && size == 256;
-    if (d && size == 256) {
+    ok &= d && size == 8 * STATE_WORDS;
+    if (d && size == 8 * STATE_WORDS) {
         int64_t w[16];
         memcpy(w, d, sizeof w);
         w[1] = 1; w[15] = 0;
@@ -546,7 +546,8 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
     // The checkpoint of the stopped run is complete and the newest.
     EXPECT(checkpoint_latest(dir_b) == N, "newest checkpoint in %s is %lld", dir_b, (long long)checkpoint_latest(dir_b));
     // Asking to resume a finished run is an error that says so.
-    EXPECT(train_run(&a, &rb) != 0 && strstr(train_error_text, "raise -n"), "resume past the end: '%s'", train_error_text);
+    EXPECT(train_run(&a, &rb) != 0 && strstr(train_error_text, "the last of its run (-n 12): nothing to train"),
+           "resume past the end: '%s'", train_error_text);
     // A different recipe cannot resume this checkpoint.
     TrainArgs other = a;
     other.recipe = strcmp(recipe, "fp32") == 0 ? "8bit" : "fp32";
@@ -654,8 +655,8 @@ static void test_checkpoint_sizes(void) {
         double done = stat(path, &st) == 0 ? (double)st.st_size : -1;
         checkpoint_path(path, sizeof path, dir, "model", 2, ".bin");
         EXPECT(stat(path, &st) != 0, "%s: a model file in the checkpoint", rec[k]);
-        EXPECT(optim == want && state == 256 && done == 0, "%s: optimizer file %.0f bytes (expected %.0f), trainer state "
-               "%.0f (256), DONE %.0f (0)", rec[k], optim, want, state, done);
+        EXPECT(optim == want && state == 8 * STATE_WORDS && done == 0, "%s: optimizer file %.0f bytes (expected %.0f), "
+               "trainer state %.0f (%d), DONE %.0f (0)", rec[k], optim, want, state, 8 * STATE_WORDS, done);
         EXPECT((double)r.checkpoint_bytes == optim + state, "%s: the trainer reports %lld bytes, the files hold %.0f",
                rec[k], (long long)r.checkpoint_bytes, optim + state);
         EXPECT(wte_payload / (double)sizes[GPT2_WTE] == target[k], "%s: wte's record %.5f bytes per parameter, target %.5f",
@@ -930,7 +931,7 @@ static void test_export(void) {
         if (!w || !g || train_run(&a, &r)) { EXPECT(0, "%s run: %s", rec[k], train_error_text); free(w); free(g); return; }
         check_model_file(v3, &c, w, 0, "fp32 export (version 3)");
         // From the checkpoint, without training: bf16.
-        a.export_path = v5; a.export_bf16 = 1; a.resume = 1; a.steps = 1;
+        a.export_path = v5; a.export_bf16 = 1; a.resume = 1; a.stop_after = 1;
         EXPECT(train_run(&a, &r5) == 0 && r5.first_step == 9 && r5.last_step == 8, "%s: export from the checkpoint: %s",
                rec[k], train_error_text);
         EXPECT(memcmp(&r5.val_loss, &r.val_loss, 4) == 0, "%s: the checkpoint's val loss %.9g, the run's %.9g", rec[k],
@@ -1031,15 +1032,16 @@ static void test_tokenizer_files(void) {
     remove(bad);
 }
 
-// A trainer state file (DESIGN.md §8.5) written here, word by word: version 2 with the model's shape
-// and the FNV-1a checksum of words 0..30 in word 31, or version 1 (16 words, no shape, no checksum).
+// A trainer state file (DESIGN.md §8.5) written here, word by word: version 3 (STATE_WORDS words) or
+// 2 (32) with the model's shape and the FNV-1a checksum of the words before the last in the last, or
+// version 1 (16 words, no shape, no checksum).
 static void write_state_words(const char *path, const int64_t *w, int words, int fix_checksum) {
-    int64_t v[32];
+    int64_t v[STATE_WORDS];
     memcpy(v, w, 8 * (size_t)words);
-    if (fix_checksum && words == 32) {
+    if (fix_checksum && words > 16) {
         uint64_t h = 0xcbf29ce484222325ull;
-        for (size_t i = 0; i < 8 * 31; i++) h = (h ^ ((const uint8_t *)v)[i]) * 0x100000001b3ull;
-        v[31] = (int64_t)h;
+        for (size_t i = 0; i < 8 * (size_t)(words - 1); i++) h = (h ^ ((const uint8_t *)v)[i]) * 0x100000001b3ull;
+        v[words - 1] = (int64_t)h;
     }
     spit(path, (const uint8_t *)v, 8 * words);
 }
@@ -1065,16 +1067,17 @@ static void test_state_files(void) {
     uint8_t *d = slurp(good, &size);
     if (!d) { EXPECT(0, "cannot read %s", good); return; }
     // The words as DESIGN.md §8.5 lays them out.
-    int64_t w[32], want[24] = {STATE_MAGIC, 2, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
+    const int64_t bytes = 8 * STATE_WORDS;
+    int64_t w[STATE_WORDS], want[24] = {STATE_MAGIC, STATE_VERSION, 7, 1234, (int64_t)0x1234567890abcdefull, 4, 16, 1, 0, 1, 42, 20, 1, 3, 2,
                                16, 60, 64, 2, 2, 32, 6, CLIP_PREV, 0x3ff8000000000000ll};   // 1.5's bits
-    EXPECT(size == 256, "version 2 state file: %lld bytes, expected 256", (long long)size);
-    if (size == 256) memcpy(w, d, 256);
-    for (int k = 0; k < 24 && size == 256; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
-    EXPECT(size != 256 || (w[25] == 5000 && w[26] == -0x123456789abcdefll), "words 25, 26 (the training tokens): %lld, %lld",
+    EXPECT(size == bytes, "version %d state file: %lld bytes, expected %lld", STATE_VERSION, (long long)size, (long long)bytes);
+    if (size == bytes) memcpy(w, d, (size_t)bytes);
+    for (int k = 0; k < 24 && size == bytes; k++) EXPECT(w[k] == want[k], "word %d is %lld, expected %lld", k, (long long)w[k], (long long)want[k]);
+    EXPECT(size != bytes || (w[25] == 5000 && w[26] == -0x123456789abcdefll), "words 25, 26 (the training tokens): %lld, %lld",
            (long long)w[25], (long long)w[26]);
-    EXPECT(size != 256 || w[27] == 0, "word 27 (a single process's checkpoint): %lld", (long long)w[27]);
+    EXPECT(size != bytes || w[27] == 0, "word 27 (a single process's checkpoint): %lld", (long long)w[27]);
     free(d);
-    if (size != 256) return;
+    if (size != bytes) return;
     // Every field refused by the loader, the checksum made right so that it is the field that fails.
     struct { int word; int64_t value; const char *what, *label; } forged[] = {
         {0, 1, "magic", "wrong magic"}, {1, 9, "version", "wrong version"}, {2, -1, "step", "negative step"},
@@ -1089,15 +1092,15 @@ static void test_state_files(void) {
         {27, -1, "ranks", "negative ranks"}, {27, 1 << 21, "ranks", "2^21 ranks"},
         {3, -1, "data position", "a negative data position"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
-        int64_t v[32];
+        int64_t v[STATE_WORDS];
         memcpy(v, w, sizeof v);
         v[forged[k].word] = forged[k].value;
-        write_state_words(bad, v, 32, 1);
+        write_state_words(bad, v, STATE_WORDS, 1);
         char label[96];
         snprintf(label, sizeof label, "state: %s", forged[k].label);
         expect_refused(load_state_file, bad, forged[k].what, label);
     }
-    int64_t v[32];
+    int64_t v[STATE_WORDS];
     // The est rule's profile: words 28..30, the doubles' bits; shares below 0 or adding up past 1 refused.
     TrainerState e = s;
     e.clip_rule = CLIP_EST;
@@ -1105,32 +1108,32 @@ static void test_state_files(void) {
     EXPECT(write_atomically(good, state_writer, &e) == 0 && state_load(&back, good) == 0 && same_state(&back, &e),
            "est state round trip: %s", train_error_text);
     d = slurp(good, &size);
-    EXPECT(d && size == 256 && memcmp(d + 8 * 28, e.est_profile, 24) == 0 && ((int64_t *)d)[22] == CLIP_EST,
+    EXPECT(d && size == bytes && memcmp(d + 8 * 28, e.est_profile, 24) == 0 && ((int64_t *)d)[22] == CLIP_EST,
            "est: words 22 and 28..30");
-    int64_t ew[32];
-    if (d && size == 256) memcpy(ew, d, 256);
+    int64_t ew[STATE_WORDS];
+    if (d && size == bytes) memcpy(ew, d, (size_t)bytes);
     free(d);
     const double bad_profile[][3] = {{-0.25, 0.5, 0.25}, {0.5, 0.5, 0.25}, {NAN, 0.5, 0.25}, {0.25, INFINITY, 0.0}};
-    for (int k = 0; k < 4 && size == 256; k++) {
+    for (int k = 0; k < 4 && size == bytes; k++) {
         memcpy(v, ew, sizeof v);
         memcpy(&v[28], bad_profile[k], 24);
-        write_state_words(bad, v, 32, 1);
+        write_state_words(bad, v, STATE_WORDS, 1);
         expect_refused(load_state_file, bad, "est rule's shares", "state: est profile");
     }
     memcpy(v, ew, sizeof v);
     const double none[3] = {NAN, NAN, NAN};
     memcpy(&v[28], none, 24);
-    write_state_words(bad, v, 32, 1);
+    write_state_words(bad, v, STATE_WORDS, 1);
     EXPECT(state_load(&back, bad) == 0 && isnan(back.est_profile[0]) && isnan(back.est_profile[2]), "est, no profile yet: %s",
            train_error_text);
     memcpy(v, w, sizeof v);
     v[3] ^= 1;                                // a damaged word, the checksum left as it was
-    write_state_words(bad, v, 32, 0);         expect_refused(load_state_file, bad, "checksum", "state: a flipped bit");
-    write_state_words(bad, w, 31, 0);         expect_refused(load_state_file, bad, "truncated", "state: truncated");
+    write_state_words(bad, v, STATE_WORDS, 0); expect_refused(load_state_file, bad, "checksum", "state: a flipped bit");
+    write_state_words(bad, w, STATE_WORDS - 1, 0); expect_refused(load_state_file, bad, "truncated", "state: truncated");
     spit(bad, (const uint8_t *)w, 12);        expect_refused(load_state_file, bad, "truncated", "state: 12 bytes");
     memcpy(v, w, sizeof v);
-    v[31] = 0;
-    write_state_words(bad, v, 32, 0);
+    v[STATE_WORDS - 1] = 0;
+    write_state_words(bad, v, STATE_WORDS, 0);
     FILE *f = fopen(bad, "ab");
     if (f) { fwrite(v, 8, 1, f); fclose(f); }
     expect_refused(load_state_file, bad, "oversized", "state: oversized");
@@ -1154,7 +1157,7 @@ static void test_state_files(void) {
     EXPECT(scale_dtypes[0].dtype == BNB8_E6M10, "word 24 = 0: e6m10");
     memcpy(v, w, sizeof v);
     v[7] = fl.recipe; v[24] = num_scale_dtypes;
-    write_state_words(bad, v, 32, 1);         expect_refused(load_state_file, bad, "scale dtype", "state: flash, scale dtype 4");
+    write_state_words(bad, v, STATE_WORDS, 1);         expect_refused(load_state_file, bad, "scale dtype", "state: flash, scale dtype 4");
     v[1] = 1; v[14] = 0; v[15] = 0;
     write_state_words(bad, v, 16, 0);
     EXPECT(state_load(&back, bad) == 0 && back.version == 1 && scale_dtypes[back.scale_dtype].dtype == BNB8_BF16,
@@ -1525,7 +1528,7 @@ static void test_resume_refuses_state_of_another_step(void) {
     EXPECT(ok, "%s", train_error_text);
     st.step = 3;   // the optimizer's step counts are still step 2's
     ok = ok && write_atomically(path, state_writer, &st) == 0;
-    a.steps = 3; a.resume = 1;
+    a.resume = 1;
     TrainResult r = {0};
     EXPECT(ok && train_run(&a, &r) == 0 && r.first_step == 2, "resume with step 2's state saying step 3: steps from %lld, '%s'",
            (long long)r.first_step, train_error_text);

@@ -282,8 +282,8 @@ static void test_accumulation(void) {
 // A checkpoint's bytes by the formats (DESIGN.md §8.4), tensor by tensor as the trainer registers them
 // (under release each per-layer tensor as L slices "name.l" with its whole tensor's states): per record
 // 4 + name + 40 + payload + 4, the payload the weights as kept and AdamW's two states; the optimizer
-// file's 24-byte header and the trainer state's 256 bytes. The bf16 model keeps an fp32 master and no
-// weights in the file (fp32, 8bit: their weights are RNE(master)) or bf16 weights + an int8
+// file's 24-byte header and the trainer state's 8 x STATE_WORDS bytes. The bf16 model keeps an fp32
+// master and no weights in the file (fp32, 8bit: their weights are RNE(master)) or bf16 weights + an int8
 // correction (8bit-int8, flash); the fp32 parity model fp32 weights.
 static double expected_checkpoint_bytes(const char *desc, const char *recipe, int parity, int release) {
     GPT2Config c;
@@ -292,7 +292,7 @@ static double expected_checkpoint_bytes(const char *desc, const char *recipe, in
     int64_t sizes[GPT2_NUM_PARAMS];
     gpt2_param_sizes(&c, sizes);
     const Recipe *r = &recipes[find_recipe(recipe)];
-    double bytes = 24.0 + 256.0;
+    double bytes = 24.0 + 8.0 * STATE_WORDS;   // the optimizer file's header, the trainer state
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         if (!sizes[i]) continue;
         int64_t slices = release && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
@@ -454,9 +454,10 @@ static void test_nccl_resume(void) {
     float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n);
     char path[512], state[512];
     for (int k = 0; k < 3 && p0 && p1; k++) {
-        float l0[10], l1[10];   // up to -n 9 below
+        float l0[10], l1[10];   // -n 9: a checkpoint at 6 is not the run's last (a damaged one falls back)
         TrainArgs a;
-        small_args(&a, k == 1 ? "8bit" : "flash", "adamw", 6, 2);
+        small_args(&a, k == 1 ? "8bit" : "flash", "adamw", 9, 2);
+        a.stop_after = 6;
         a.release = k == 2;   // each backward group's weights all-gathered on resume
         a.grad_clip = 0.5f;   // -N exact, the default over NCCL (-N prev with release)
         a.out_dir = scratch;
@@ -469,13 +470,13 @@ static void test_nccl_resume(void) {
         int64_t own = file_size(path), st = file_size(state);
         char plain[512];
         checkpoint_optim_path(plain, sizeof plain, scratch, 6, 0, 0);
-        EXPECT(ok && own > 0 && st == 256 && file_size(plain) < 0 && r0.checkpoint_bytes == own + st,
+        EXPECT(ok && own > 0 && st == 8 * STATE_WORDS && file_size(plain) < 0 && r0.checkpoint_bytes == own + st,
                "%s: one rank's checkpoint: %s %lld bytes, %s %lld, optim_*.bin %lld (none expected), reported %lld",
                rec[k], path, (long long)own, state, (long long)st, (long long)file_size(plain), (long long)r0.checkpoint_bytes);
         test_remove_tree(scratch, 1);
         a.stop_after = 3;
         ok = ok && run(&a, l1, NULL, 0, NULL) == 0;
-        a.stop_after = 0; a.resume = 1;
+        a.stop_after = 6; a.resume = 1;
         memset(p1, 0xff, 4 * (size_t)n);
         TrainResult r1 = {0};
         ok = ok && run(&a, l1, p1, n, &r1) == 0;
@@ -488,17 +489,16 @@ static void test_nccl_resume(void) {
         checkpoint_optim_path(path, sizeof path, scratch, 6, 0, 1);
         FILE *f = fopen(path, "r+b");
         if (f) { fseek(f, 100, SEEK_SET); fputc(0x5a, f); fseek(f, -20, SEEK_END); fputc(0xa5, f); fclose(f); }
-        a.steps = 8;
+        a.stop_after = 0;
         memset(p1, 0xff, 4 * (size_t)n);
         r1.first_step = 0;
         ok = run(&a, l1, NULL, 0, &r1) == 0;
         EXPECT(ok && r1.first_step == 4, "%s: a damaged rank file at step 6: resumed at step %lld (%s)", rec[k],
                (long long)r1.first_step - 1, train_error_text);
-        remove(path);   // that run wrote step 8; step 6's rank file gone: its DONE is there
-        checkpoint_path(path, sizeof path, scratch, "DONE", 8, "");
+        remove(path);   // that run wrote step 9; step 6's rank file gone: its DONE is there
+        checkpoint_path(path, sizeof path, scratch, "DONE", 9, "");
         remove(path);
         r1.first_step = 0;
-        a.steps = 9;
         ok = run(&a, l1, NULL, 0, &r1) == 0;
         EXPECT(ok && r1.first_step == 4, "%s: step 6's rank file missing: resumed at step %lld (%s)", rec[k],
                (long long)r1.first_step - 1, train_error_text);

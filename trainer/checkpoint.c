@@ -20,13 +20,15 @@ place, read by the tests and the fuzzers without a model or a device.
 #include "settings.h"
 #include "tensors.h"
 
-// FNV-1a, 64 bits, of the trainer state's words before the last: a damaged file is refused.
-static int64_t state_checksum(const int64_t *w, int words) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    const uint8_t *p = (const uint8_t *)w;
-    for (size_t i = 0; i < sizeof(int64_t) * (size_t)words; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return (int64_t)h;
+// FNV-1a, 64 bits: len bytes at p folded into h (start with FNV_START).
+#define FNV_START 0xcbf29ce484222325ull
+static uint64_t fnv1a(uint64_t h, const void *p, size_t len) {
+    for (size_t i = 0; i < len; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+    return h;
 }
+
+// The trainer state's checksum, of its words before the last: a damaged file is refused.
+static int64_t state_checksum(const int64_t *w, int words) { return (int64_t)fnv1a(FNV_START, w, sizeof(int64_t) * (size_t)words); }
 
 int state_writer(FILE *f, const void *state) {
     const TrainerState *s = (const TrainerState *)state;
@@ -41,51 +43,77 @@ int state_writer(FILE *f, const void *state) {
     w[26] = s->train_digest;
     w[27] = s->ranks;
     memcpy(&w[28], s->est_profile, sizeof s->est_profile);
+    memcpy(&w[31], &s->lr, sizeof(double));
+    w[32] = s->warmup;
+    memcpy(&w[33], &s->final_lr_frac, sizeof(double));
+    memcpy(&w[34], &s->weight_decay, sizeof(double));
+    memcpy(&w[35], &s->grad_clip, sizeof(double));
+    w[36] = s->map;
+    w[37] = s->blocksize;
+    w[38] = s->optim_digest;
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
-// Version 2 (STATE_WORDS words, the model's shape, a checksum) or version 1 (16 words, the shape in
-// the checkpoint's model file).
-int state_load(TrainerState *s, const char *path) {
+// The words of a trainer state file of this version: 16 (version 1), 32 (2), STATE_WORDS (3).
+static int64_t state_words(int64_t version) { return version == 1 ? 16 : version == 2 ? 32 : STATE_WORDS; }
+
+// The words of a trainer state file into w (STATE_WORDS; those an older version lacks left as they
+// are), checked: its size by its version, magic, version and checksum.
+static int state_read_words(int64_t *w, const char *path) {
     FILE *f = open_input(path, "trainer state");
     if (!f) return -1;
-    int64_t w[STATE_WORDS] = {0}, size;   // version 1 (16 words): the exact rule, no norm (word 23 NaN)
-    double none[3] = {NAN, NAN, NAN};
-    memcpy(&w[23], none, sizeof(double));
-    memcpy(&w[28], none, sizeof none);
+    int64_t size;
     int status = file_size_of(f, path, &size);
     if (!status && size >= 16 && fread(w, 16, 1, f) != 1) status = train_fail("%s: read failed", path);
-    int64_t words = w[1] == 1 ? 16 : STATE_WORDS;   // by the version, when the file has one
+    if (!status && size >= 16 && w[0] != STATE_MAGIC) status = train_fail("%s: not a trainer state file (magic %lld)", path, (long long)w[0]);
+    if (!status && size >= 16 && (w[1] < 1 || w[1] > STATE_VERSION))
+        status = train_fail("%s: trainer state version %lld, expected 1..%d", path, (long long)w[1], STATE_VERSION);
+    int64_t words = state_words(w[1]);
     if (!status && size != 8 * words)
         status = train_fail("%s: %s trainer state file: %lld bytes, expected %lld", path,
                             size < 8 * words ? "truncated" : "oversized", (long long)size, (long long)(8 * words));
-    if (!status && fread(w + 2, 8 * (size_t)(words - 2), 1, f) != 1) status = train_fail("%s: read failed", path);
+    int64_t sum = 0;   // version 2's checksum is its last word, where version 3 goes on
+    if (!status && fread(w + 2, 8 * (size_t)(words - 3), 1, f) != 1) status = train_fail("%s: read failed", path);
+    if (!status && fread(words == 16 ? &w[15] : &sum, 8, 1, f) != 1) status = train_fail("%s: read failed", path);
     fclose(f);
-    if (!status && w[0] != STATE_MAGIC) status = train_fail("%s: not a trainer state file (magic %lld)", path, (long long)w[0]);
-    if (!status && w[1] != 1 && w[1] != STATE_VERSION)
-        status = train_fail("%s: trainer state version %lld, expected 1 or %d", path, (long long)w[1], STATE_VERSION);
-    if (!status && w[1] == STATE_VERSION && w[STATE_WORDS - 1] != state_checksum(w, STATE_WORDS - 1))
+    if (!status && words > 16 && sum != state_checksum(w, (int)words - 1))
         status = train_fail("%s: trainer state checksum mismatch (a damaged file)", path);
-    if (status) return status;
-    s->version = w[1];
-    s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
-    s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
-    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
-    memcpy(&s->prev_norm, &w[23], sizeof(double));
-    s->train_tokens = w[25]; s->train_digest = w[26]; s->ranks = w[27];
+    return status;
+}
+
+// Version 3's run settings (-l, -u, -q, -c, -g, -M, -K) against the ranges the trainer writes:
+// the message names the first out of it.
+static int state_check_run_settings(const TrainerState *s, const char *path) {
+    const struct { const char *name; double v, hi; const char *range; } d[] = {
+        {"the peak learning rate (-l)", s->lr, INFINITY, "finite and >= 0"},
+        {"the final learning rate fraction (-q)", s->final_lr_frac, 1.0, "in [0, 1]"},
+        {"the weight decay (-c)", s->weight_decay, INFINITY, "finite and >= 0"},
+        {"the clip norm (-g)", s->grad_clip, INFINITY, "finite and >= 0"}};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        if (!(d[i].v >= 0.0 && d[i].v <= d[i].hi && isfinite(d[i].v)))
+            return train_fail("%s: inconsistent trainer state: %s is %g, expected %s", path, d[i].name, d[i].v, d[i].range);
+    if (s->warmup < 0) return train_fail("%s: inconsistent trainer state: the warm-up (-u) is %lld steps", path, (long long)s->warmup);
+    if (s->map < 0 || s->map >= BNB8_NUM_MAPS)
+        return train_fail("%s: inconsistent trainer state: the 8-bit states' map (-M) is %lld, an unknown map", path, (long long)s->map);
+    int64_t b = s->blocksize;
+    if (b != 0 && !(b >= 64 && b <= 4096 && (b & (b - 1)) == 0))
+        return train_fail("%s: inconsistent trainer state: the block size (-K) is %lld, expected 0 or a power of two in "
+                          "64..4096", path, (long long)b);
+    return 0;
+}
+
+// Each field against its range, the message naming the first that is out of it.
+static int state_check_fields(const TrainerState *s, const char *path) {
     int flash = s->recipe >= 0 && s->recipe < num_recipes && recipes[s->recipe].states == BNB8_STATE_FLASH;
-    s->scale_dtype = s->version == 1 ? flash : w[24];   // version 1 (before e6m10): bf16 scales
-    memcpy(s->est_profile, &w[28], sizeof s->est_profile);
-    // each field against its range, the message naming the first that is out of it
     const struct { const char *name; int64_t v, lo, hi; } f_[] = {
         {"step", s->step, 1, INT64_MAX}, {"data position", s->position, 0, INT64_MAX}, {"B", s->B, 1, 1 << 20},
         {"T", s->T, 1, 1 << 20}, {"recipe", s->recipe, 0, num_recipes - 1}, {"optimizer", s->optimizer, 0, num_optimizers - 1},
         {"release", s->release, 0, 1}, {"micro-batches", s->accum, 1, 1 << 20}, {"StableEmbedding", s->stable_embedding, 0, 1},
         {"optimizer steps", s->opt_steps, 0, s->step}, {"clipping rule", s->clip_rule, CLIP_EXACT, CLIP_EST},
         {"training token count", s->train_tokens, 0, INT64_MAX}, {"ranks", s->ranks, 0, 1 << 20},
-        {"scale dtype", s->scale_dtype, 0, flash ? num_scale_dtypes - 1 : 0},
-        {"weight bytes", s->weight_bytes, s->version == 2 ? 2 : 0, 4}};
+        {"scale dtype", s->scale_dtype, 0, flash ? num_scale_dtypes - 1 : 0}, {"total steps (-n)", s->steps, s->step, INT64_C(1) << 40},
+        {"weight bytes", s->weight_bytes, s->version >= 2 ? 2 : 0, 4}};
     size_t last = sizeof f_ / sizeof f_[0] - 1;
     for (size_t i = 0; i <= last; i++)
         if (f_[i].v < f_[i].lo || f_[i].v > f_[i].hi || (i == last && f_[i].v != 0 && f_[i].v != 2 && f_[i].v != 4))
@@ -97,13 +125,42 @@ int state_load(TrainerState *s, const char *path) {
     int none_yet = isnan(p[0]) && isnan(p[1]) && isnan(p[2]);
     if (s->clip_rule == CLIP_EST && !none_yet && !(p[0] >= 0.0 && p[1] >= 0.0 && p[2] >= 0.0 && p[0] + p[1] + p[2] <= 1.0 + 1e-9))
         return train_fail("%s: inconsistent trainer state: the est rule's shares are %g, %g, %g", path, p[0], p[1], p[2]);
+    return s->version >= 3 ? state_check_run_settings(s, path) : 0;
+}
+
+// Version 3 (STATE_WORDS words), 2 (32: without words 31..38) or 1 (16, the shape in the checkpoint's
+// model file), each field checked against its range.
+int state_load(TrainerState *s, const char *path) {
+    int64_t w[STATE_WORDS] = {0};   // version 1 (16 words): the exact rule, no norm (word 23 NaN)
+    double none[3] = {NAN, NAN, NAN};
+    memcpy(&w[23], none, sizeof(double));
+    memcpy(&w[28], none, sizeof none);
+    memcpy(&w[31], none, sizeof(double));   // versions 1 and 2: no -l, -q, -c, -g recorded
+    memcpy(&w[33], none, sizeof none);
+    if (state_read_words(w, path)) return -1;
+    s->version = w[1];
+    s->step = w[2]; s->position = w[3]; s->rng = (uint64_t)w[4]; s->B = w[5]; s->T = w[6]; s->recipe = w[7];
+    s->optimizer = w[8]; s->stable_embedding = w[9]; s->seed = (uint64_t)w[10]; s->steps = w[11]; s->release = w[12];
+    s->accum = w[13] == 0 ? 1 : w[13]; s->weight_bytes = w[14]; s->opt_steps = w[21]; s->clip_rule = w[22];
+    memcpy(&s->prev_norm, &w[23], sizeof(double));
+    s->train_tokens = w[25]; s->train_digest = w[26]; s->ranks = w[27];
+    int flash = s->recipe >= 0 && s->recipe < num_recipes && recipes[s->recipe].states == BNB8_STATE_FLASH;
+    s->scale_dtype = s->version == 1 ? flash : w[24];   // version 1 (before e6m10): bf16 scales
+    memcpy(s->est_profile, &w[28], sizeof s->est_profile);
+    memcpy(&s->lr, &w[31], sizeof(double));
+    s->warmup = w[32];
+    memcpy(&s->final_lr_frac, &w[33], sizeof(double));
+    memcpy(&s->weight_decay, &w[34], sizeof(double));
+    memcpy(&s->grad_clip, &w[35], sizeof(double));
+    s->map = w[36]; s->blocksize = w[37]; s->optim_digest = w[38];
+    if (state_check_fields(s, path)) return -1;
     int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
     int shape_ok = 1;
     for (int k = 0; k < 6; k++) shape_ok &= shape[k] >= 0 && shape[k] <= INT32_MAX;
     GPT2Config c = {(int)shape[0], (int)shape[1], (int)shape[2], (int)shape[3], (int)shape[4], (int)shape[5], (int)w[9]};
     s->config = c;
-    if (s->version == 2 && !shape_ok) return train_fail("%s: inconsistent trainer state (model shape out of range)", path);
-    if (s->version == 2 && gpt2_config_check(&s->config, path)) return -1;
+    if (s->version >= 2 && !shape_ok) return train_fail("%s: inconsistent trainer state (model shape out of range)", path);
+    if (s->version >= 2 && gpt2_config_check(&s->config, path)) return -1;
     return 0;
 }
 
@@ -137,6 +194,25 @@ int checkpoint_missing_rank(const char *dir, int64_t step, int ranks) {
 
 int64_t path_size(const char *path) { struct stat st; return stat(path, &st) == 0 ? (int64_t)st.st_size : 0; }
 
+int checkpoint_optim_digest(const char *dir, int64_t step, int ranks, int64_t *digest) {
+    char path[TRAIN_PATH_MAX];
+    uint64_t one = 0, folded = FNV_START;   // over ranks: FNV-1a of their digests, rank 0 first
+    for (int r = 0; r < (ranks ? ranks : 1); r++) {
+        checkpoint_optim_path(path, sizeof path, dir, step, r, ranks);
+        if (bnb8_optimizer_file_digest(path, &one)) return train_fail("%s", bnb8_last_error());
+        folded = fnv1a(folded, &one, sizeof one);
+    }
+    *digest = (int64_t)(ranks ? folded : one);
+    return 0;
+}
+
+int checkpoint_state_save(const char *dir, const TrainerState *s, int ranks) {
+    char path[TRAIN_PATH_MAX];
+    TrainerState bound = *s;
+    checkpoint_path(path, sizeof path, dir, "state", s->step, ".bin");
+    return checkpoint_optim_digest(dir, s->step, ranks, &bound.optim_digest) || write_atomically(path, state_writer, &bound) ? -1 : 0;
+}
+
 // The optimizer file holds every weight as the run keeps it (with its master) and the states; the
 // trainer state the rest, with the model's shape: each piece once (DESIGN.md §8.4).
 int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, const TrainerState *s, int64_t *bytes) {
@@ -151,8 +227,8 @@ int checkpoint_save(const char *dir, const float *masters, bnb8_optimizer *opt, 
     checkpoint_path(path, sizeof path, dir, "optim", s->step, ".bin");
     if (bnb8_optimizer_save(opt, path)) status = train_fail("%s", bnb8_last_error());
     total += path_size(path);
+    if (!status) status = checkpoint_state_save(dir, s, 0);
     checkpoint_path(path, sizeof path, dir, "state", s->step, ".bin");
-    if (!status) status = write_atomically(path, state_writer, s);
     total += path_size(path);
     if (!status) status = checkpoint_done(dir, s->step);
     if (status)    // no DONE: the files of this step are useless; a full disk gets their space back
@@ -331,6 +407,77 @@ static int ranks_refused(const char *path, const TrainerState *st, int ranks) {
                       "afresh in another -o (a checkpoint is not re-sharded)", path, (long long)st->step, was, now, how);
 }
 
+// A flag's value as the messages print it: -M's name, the integers' digits, the floats' shortest
+// decimal that reads back as the same float.
+static const char *flag_value_text(char *buf, size_t size, char flag, double v) {
+    if (flag == 'M') snprintf(buf, size, "%s", v == BNB8_MAP_LINEAR ? "linear" : "dynamic");
+    else if (flag == 'n' || flag == 'u' || flag == 'K') snprintf(buf, size, "%lld", (long long)v);
+    else
+        for (int digits = 6; digits <= 9; digits++) {
+            snprintf(buf, size, "%.*g", digits, v);
+            if ((float)strtod(buf, NULL) == (float)v) break;
+        }
+    return buf;
+}
+
+// The flags that define the run beside those resume_state compares: its schedule (-n, -l, -u, -q),
+// its decay and clip (-c, -g) and its 8-bit states (-M, -K). One left out takes the checkpoint's
+// value, whatever default it would have had (the GPU's too); one given with another value is refused,
+// naming both. Versions 1 and 2 record -n only: the others are this run's, unchecked (noted).
+static int resume_run_settings(Trainer *t, const char *path) {
+    TrainArgs *a = &t->a;
+    const TrainerState *st = &t->resumed;
+    const struct { char flag; double run, kept; } f[] = {
+        {'n', (double)a->steps, (double)st->steps}, {'l', t->lr, st->lr}, {'u', (double)a->warmup, (double)st->warmup},
+        {'q', a->final_lr_frac, st->final_lr_frac}, {'c', t->wd, st->weight_decay}, {'g', a->grad_clip, st->grad_clip},
+        {'M', a->map, (double)st->map}, {'K', (double)a->blocksize, (double)st->blocksize}};
+    int recorded = st->version >= 3 ? (int)(sizeof f / sizeof f[0]) : 1;
+    char kept[32], run[32];
+    for (int i = 0; i < recorded; i++)
+        if (a->given[(int)f[i].flag] && f[i].run != f[i].kept)
+            return train_fail("%s: the checkpoint's run has -%c %s, this run gives -%c %s: leave -%c out to resume with "
+                              "the checkpoint's, or train with -%c %s afresh in another -o%s", path, f[i].flag,
+                              flag_value_text(kept, sizeof kept, f[i].flag, f[i].kept), f[i].flag,
+                              flag_value_text(run, sizeof run, f[i].flag, f[i].run), f[i].flag, f[i].flag, run,
+                              a->export_path[0] ? " (-x 1 -X exports the checkpoint without training)" : "");
+    a->steps = st->steps;
+    if (st->version < 3) {
+        if (a->verbose)
+            printf("note: %s is of trainer state version %lld, which records no -l, -u, -q, -c, -g, -M, -K and binds no "
+                   "optimizer file: this run's values are used, unchecked\n", path, (long long)st->version);
+        return 0;
+    }
+    t->lr = (float)st->lr; a->warmup = st->warmup; a->final_lr_frac = (float)st->final_lr_frac;
+    t->wd = (float)st->weight_decay; a->grad_clip = (float)st->grad_clip;
+    a->map = (int)st->map; a->blocksize = st->blocksize;
+    return 0;
+}
+
+// The optimizer files of the checkpoint are those its trainer state was written with (version 3
+// binds them by their digest): a backup restored into the wrong directory gives files of two runs at
+// one step, whose states do not belong together. A mismatch is the checkpoint's (t->damaged).
+static int resume_bound_files(Trainer *t, const char *path, int ranks) {
+    const TrainerState *st = &t->resumed;
+    int64_t digest = 0;
+    if (st->version < 3) return 0;
+    if (checkpoint_optim_digest(t->a.out_dir, t->start, ranks, &digest)) return -1;
+    if (digest != st->optim_digest)
+        return train_fail("%s: the trainer state was written with other optimizer files than %s%s (digest %016llx, "
+                          "theirs %016llx): files of different checkpoints", path, t->model_path,
+                          ranks ? " and the other ranks'" : "", (unsigned long long)st->optim_digest,
+                          (unsigned long long)digest);
+    return 0;
+}
+
+// A file's bytes, refused when it is not a regular file (a directory's stat size means nothing).
+static int regular_file_size(const char *path, const char *what, int64_t *size) {
+    FILE *f = open_input(path, what);
+    if (!f) return -1;
+    int status = file_size_of(f, path, size);
+    fclose(f);
+    return status;
+}
+
 static int resume_state(Trainer *t, int rank, int ranks) {
     const TrainArgs *a = &t->a;
     TrainerState *st = &t->resumed;
@@ -372,6 +519,7 @@ static int resume_state(Trainer *t, int rank, int ranks) {
     if (wb != (int64_t)bnb8_dtype_size(t->lay.weights))
         return train_fail("%s: the checkpoint keeps %s weights, this run %s ones: resume it on the model it was made "
                           "with (-D, -P)", path, wb == 4 ? "fp32" : "bf16", dtype_name(t->lay.weights));
+    if (resume_run_settings(t, path)) return -1;
     t->damaged = 1;
     if (st->version == 1) {   // the older layout: the fp32 masters in an llm.c model file beside it
         checkpoint_path(t->model_path, sizeof t->model_path, a->out_dir, "model", t->start, ".bin");
@@ -385,8 +533,9 @@ static int resume_state(Trainer *t, int rank, int ranks) {
     // Every weight comes from the optimizer file: until then they are NaN, so that one it did not
     // restore cannot pass for a weight (checked after the load, optimizer_open).
     checkpoint_optim_path(t->model_path, sizeof t->model_path, a->out_dir, t->start, rank, ranks);
-    int64_t held = rank_weights(t, &st->config, rank, ranks), least = held * wb, size = path_size(t->model_path);
-    if (held < 0) return -1;
+    if (resume_bound_files(t, path, ranks)) return -1;
+    int64_t held = rank_weights(t, &st->config, rank, ranks), least = held * wb, size = 0;
+    if (held < 0 || regular_file_size(t->model_path, "optimizer state", &size)) return -1;
     if (size < least)   // checked before allocating: a bad shape cannot ask for terabytes
         return train_fail("%s: %lld bytes, too few for the %lld weights the trainer state %s describes%s: a damaged or "
                           "mismatched checkpoint", t->model_path, (long long)size, (long long)held, path,
@@ -411,7 +560,7 @@ static int check_resumed_model(Trainer *t) {
     const TrainArgs *a = &t->a;
     const GPT2Config *m = &t->model.config;
     char have[128], want[128];
-    if (a->model_given) {
+    if (a->given['e']) {
         GPT2Config c;
         size_t len = strlen(a->model);
         int bin = len > 4 && strcmp(a->model + len - 4, ".bin") == 0;

@@ -10,16 +10,20 @@ fp32 masters) and a version 1 optimizer file; they still resume. DESIGN.md §8.4
 Over NCCL (N ranks, DESIGN.md §8.8) each rank writes its shards' optimizer file
 optim_s.rank<r>of<N>.bin (no optim_s.bin); rank 0 writes state_s.bin (word 27: N) and DONE_s once
 every rank has reported its file written. Resume needs the same N (another is refused, saying so).
+The trainer state holds the digest of the step's optimizer files (checkpoint_optim_digest): a file of
+another checkpoint, of the same step, is not resumed with it.
 */
 #ifndef TRAINER_CHECKPOINT_H
 #define TRAINER_CHECKPOINT_H
 
 #include "trainer.h"
 
-// The trainer state file: STATE_WORDS little-endian int64 (version 1: 16), magic and version first.
+// The trainer state file: STATE_WORDS little-endian int64, magic and version first, a checksum last.
+// Versions 1 (16 words, the weights in the model file, read as the exact rule) and 2 (32 words, without
+// the words of version 3) still load; their missing fields are not compared on resume.
 #define STATE_MAGIC 20251122
-#define STATE_VERSION 2           // version 1: 16 words, the weights in the model file, read as the exact rule
-#define STATE_WORDS 32
+#define STATE_VERSION 3
+#define STATE_WORDS 40
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
 
@@ -29,6 +33,12 @@ void checkpoint_path(char *buf, size_t size, const char *dir, const char *kind, 
 void checkpoint_optim_path(char *buf, size_t size, const char *dir, int64_t step, int rank, int ranks);
 // The first rank (0..ranks-1) whose optimizer file of step is not in dir, or -1 when each is there.
 int checkpoint_missing_rank(const char *dir, int64_t step, int ranks);
+// The digest that binds the optimizer files of step to its trainer state (word 38): the library's
+// bnb8_optimizer_file_digest of optim_s.bin, or over N ranks their files' digests folded in rank order.
+int checkpoint_optim_digest(const char *dir, int64_t step, int ranks, int64_t *digest);
+// The trainer state of step s->step into dir, bound to the step's optimizer files (written before it,
+// as by ranks: 0 a single process) by their digest.
+int checkpoint_state_save(const char *dir, const TrainerState *s, int ranks);
 // Writes the checkpoint of step s->step (s->config is the model's shape): refused, with nothing
 // written, when one of the fp32 masters (layout of s->config) is not finite. *bytes (may be NULL):
 // the checkpoint's size, its files' bytes.

@@ -30,11 +30,12 @@ NCCL call of a release run is on the exchange stream, so the ranks issue them in
 stream waits for the last exchange before the next forward. Per GPU: the bf16 weights, the release
 slices, the two buffers, and 1/N of the master and states.
 
-Checkpoints (-o): each rank writes its optimizer file (its shards: optim_s.rank<r>of<N>.bin), rank 0
-the trainer state and, once every rank has reported its file written, DONE_s. Rank 0 alone holds the
-directory's lock. On resume every rank opens the newest complete checkpoint; if one rank's files are
-damaged or missing, every rank falls back to the one before (nccl_agree); then the ranks all-gather
-the weights (each restored only its shards). Another number of ranks is refused with a message.
+Checkpoints (-o): each rank writes its optimizer file (its shards: optim_s.rank<r>of<N>.bin); once
+every rank has reported its file written, rank 0 writes the trainer state, bound to the ranks' files by
+their digests, and DONE_s. Rank 0 alone holds the directory's lock. On resume every rank opens the
+newest complete checkpoint; if one rank's files are damaged or missing, every rank falls back to the
+one before (nccl_agree); then the ranks all-gather the weights (each restored only its shards).
+Another number of ranks is refused with a message.
 
 Built with -DTRAIN_NCCL when the Makefile finds nccl.h and libnccl; without it, asking for ranks is
 refused with a message. The fp32 parity model (-P fp32) is refused here, and -N exact with release
@@ -673,8 +674,9 @@ int nccl_barrier(Trainer *t) {
 
 
 // Every rank's weights checked (none is saved when one rank's are not finite), then each rank's
-// optimizer file and rank 0's trainer state; rank 0 writes DONE once every rank has reported its
-// files written, and says whether it did; on any failure each rank removes what it wrote.
+// optimizer file; once every rank has reported its file written, rank 0 writes the trainer state,
+// bound to their digests, and DONE, and says whether it did; on any failure each rank removes what
+// it wrote.
 int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int64_t *own) {
     Nccl *c = t->nccl;
     cudaStream_t st = nccl_stream(t);
@@ -698,19 +700,18 @@ int nccl_checkpoint_save(Trainer *t, const TrainerState *s, int64_t *bytes, int6
     checkpoint_optim_path(path, sizeof path, dir, s->step, c->rank, c->ranks);
     checkpoint_path(state, sizeof state, dir, "state", s->step, ".bin");
     if (bnb8_optimizer_save(t->opt, path)) status = train_fail("%s", bnb8_last_error());
-    if (!status && c->rank == 0) status = write_atomically(state, state_writer, s);
     *own = path_size(path);
     mine[0] = status != 0;
-    mine[1] = (double)(*own + (c->rank == 0 ? path_size(state) : 0));
+    mine[1] = (double)*own;
     if (nccl_gather(c, mine, 2, all, st)) { free(all); return -1; }
     for (int r = c->ranks - 1; r >= 0; r--) { if (all[2 * r] != 0.0) failed = r; total += all[2 * r + 1]; }
-    if (failed < 0 && c->rank == 0) {   // every rank's file is written: the checkpoint is complete
-        status = checkpoint_done(dir, s->step);
-        checkpoint_optim_path(path, sizeof path, dir, s->step, c->rank, c->ranks);
-    }
-    mine[0] = status != 0;   // rank 0's DONE
-    if (failed < 0 && nccl_gather(c, mine, 1, all, st)) { free(all); return -1; }
+    // every rank's file is written: rank 0 binds them in the trainer state, and the checkpoint is complete
+    if (failed < 0 && c->rank == 0) status = checkpoint_state_save(dir, s, c->ranks) || checkpoint_done(dir, s->step);
+    mine[0] = status != 0;   // rank 0's trainer state and DONE
+    mine[1] = (double)(c->rank == 0 ? path_size(state) : 0);
+    if (failed < 0 && nccl_gather(c, mine, 2, all, st)) { free(all); return -1; }
     if (failed < 0 && all[0] != 0.0) failed = 0;
+    total += failed < 0 ? all[1] : 0.0;
     free(all);
     if (failed < 0) { *bytes = (int64_t)total; return 0; }
     remove(path);   // no DONE: this step's files are useless; a full disk gets their space back

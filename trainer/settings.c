@@ -136,12 +136,13 @@ void usage(FILE *f) {
         "  -y <0|1>    resume from the newest complete checkpoint in -o (a damaged one: the one before); without\n"
         "              it an -o that holds checkpoints is refused. The checkpoint's model, RNG and data position\n"
         "              continue: an -e or -w of another model and an -i of other tokens are refused, -d is not\n"
-        "              used (default %d)\n"
+        "              used; -n -l -u -q -c -g -M -K left out take the checkpoint's, and given must equal it\n"
+        "              (default %d)\n"
         "  -x <int>    stop after this step, checkpointing it into -o (needed); the schedule still spans -n; on\n"
         "              resume, past the checkpoint's step (default off)\n"
         "  -d <int>    random seed (initialization and sampling) (default %llu)\n"
-        "  -X <file>   at the end, write the weights as an llm.c model file (-F); with -y 1 and the newest\n"
-        "              checkpoint at or past -n (e.g. -n 1), that checkpoint's, without training (default none)\n"
+        "  -X <file>   at the end, write the weights as an llm.c model file (-F); with -y 1 and -x at or below the\n"
+        "              newest checkpoint's step (e.g. -x 1), that checkpoint's, without training (default none)\n"
         "  -F <name>   -X's format: bf16 (version 5, llm.c's default build) | fp32 (version 3, PRECISION=FP32)\n"
         "              (default bf16)\n"
         "  -h          this text\n"
@@ -191,12 +192,12 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *v = argv[i + 1];
         int64_t n = 0;
         int st = 0;
-        given[(unsigned char)f[1] & 127] = 1;
+        given[(unsigned char)f[1] & 127] = a->given[(unsigned char)f[1] & 127] = 1;
         switch (f[1]) {
         case 'i': a->train_path = v; break;
         case 'j': a->val_path = v; break;
         case 'z': a->tokenizer_path = v; break;
-        case 'e': a->model = v; a->model_given = 1; break;
+        case 'e': a->model = v; break;
         case 'o': a->out_dir = v; break;
         case 'r': a->recipe = v; if (find_recipe(v) < 0) st = train_fail("-r: unknown recipe '%s' (%s)", v, RECIPE_NAMES); break;
         case 'p': a->optimizer = v; if (find_optimizer(v) < 0) st = train_fail("-p: unknown optimizer '%s' (adamw, lion, sgd)", v); break;

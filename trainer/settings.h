@@ -28,7 +28,7 @@ extern const char *const clip_rule_names[3];   // -N's values: "exact", "prev", 
 
 void train_args_default(TrainArgs *a);
 // 0 (run), 1 (-h: print usage) or -1 (bad flag: message in train_error_text). given[c] is set for
-// each flag -c on the command line.
+// each flag -c on the command line, and so is a->given[c] (a resumed run reads it).
 int parse_args(int argc, char **argv, TrainArgs *a, char given[128]);
 // On the GPU, the flags left out take the GPU's defaults (d12, flash + release, B=16, T=1024, ...).
 void apply_gpu_defaults(TrainArgs *a, const char given[128]);

@@ -62,8 +62,9 @@ enum { CLIP_EXACT = 0, CLIP_PREV = 1, CLIP_EST = 2 };
 typedef struct {
     const char *train_path, *val_path, *tokenizer_path;   // "" = none (val, tokenizer)
     const char *model;        // descriptor (d12, d4c128h4, ...) or an llm.c .bin model file
-    int model_given;          // -e was on the command line: a resumed run refuses one of another shape
-                              // (else the checkpoint's model is taken as it is)
+    char given[128];          // given[c]: the caller set flag -c (parse_args: it was on the command line).
+                              // A resumed run refuses an -e of another shape and -n, -l, -u, -q, -c, -g, -M,
+                              // -K of other values than its checkpoint's; those left out take the checkpoint's
     const char *out_dir;      // checkpoints go here; "" = none
     int64_t B, T, steps;
     int64_t accum;            // micro-batches of (B, T) per optimizer step (gradient accumulation)
@@ -116,7 +117,7 @@ typedef struct {
     int64_t accum;            // micro-batches per step (word 13; 0 in older files, meaning 1)
     int64_t weight_bytes;     // the run's weights: 4 fp32, 2 bf16 (word 14; 0 in older files: read as
                               // fp32 for an fp32-master recipe, bf16 for the others)
-    int64_t version;          // of the file read (1: the model file holds the weights); written: 2
+    int64_t version;          // of the file read (1: the model file holds the weights); written: STATE_VERSION
     GPT2Config config;        // the model's shape (version 2, words 15..20)
     int64_t opt_steps;        // every optimizer tensor's step count (version 2, word 21): the optimizer
                               // file must match it (files of different steps are not one checkpoint)
@@ -130,6 +131,11 @@ typedef struct {
     double est_profile[3];    // CLIP_EST: the profile after this step (words 28..30, the doubles' bits; NAN: none)
     int64_t ranks;            // word 27: 0 a single process (optim_s.bin); N the ranks over NCCL, whose
                               // optimizer files optim_s.rank<r>of<N>.bin hold their shards
+    // Version 3 (words 31..38; NAN or 0 in older files, which do not record them): the rest of what
+    // defines the run, and the digest that binds the checkpoint's optimizer files to this state.
+    double lr, final_lr_frac, weight_decay, grad_clip;   // -l, -q, -c, -g as the run used them (floats)
+    int64_t warmup, map, blocksize;                      // -u, -M, -K
+    int64_t optim_digest;     // checkpoint_optim_digest of the checkpoint's optimizer files
 } TrainerState;
 
 // Paths of checkpoint files: an -o of up to TRAIN_PATH_MAX - 64 bytes (longer ones are refused at start).

@@ -10,8 +10,8 @@ Input: an archive of directory entries, each [u8 kind][u8 step][u16 length, litt
   temporary <model|optim|state>_<step>.bin.tmp (odd steps: .bin.tmp.4242.0, bnb8_write_atomically's form), 6 DONE_<u32 of the bytes, at least 8 digits>, 7 a directory
   DONE_<step>.
 The harness makes that directory, checks checkpoint_latest against its own reading of the names,
-then resumes to one step past it (B, T, recipe and optimizer as the trainer state file says, when
-they are sane) on a fixed tokens file. A resume that works must start from a complete checkpoint (the
+then resumes to one step past it (-x; B, T, recipe and optimizer as the trainer state file says, when
+they are sane; -n and the other flags the trainer state records left out) on a fixed tokens file. A resume that works must start from a complete checkpoint (the
 newest, or an earlier one when the newer are damaged) and leave a complete checkpoint one step on.
 */
 #define _POSIX_C_SOURCE 200809L
@@ -47,6 +47,16 @@ static int64_t done_step(const char *name) {
     return v;
 }
 
+// The tokens of the seeds' runs and of every resume (a resume on other tokens is refused): 4096 of a
+// 16-token vocabulary, the harness's model's. Returns the file's path.
+static const char *write_tokens(const char *name) {
+    static uint8_t tokens[1024 + 2 * 4096];
+    int32_t h[3] = {TOKENS_MAGIC, 1, 4096};
+    memcpy(tokens, h, sizeof h);
+    for (int i = 0; i < 4096; i++) { uint16_t t = (uint16_t)(i * 7 % 16); memcpy(tokens + 1024 + 2 * i, &t, 2); }
+    return fuzz_write_file(name, tokens, sizeof tokens);
+}
+
 // Appends one archive entry.
 static size_t pack(uint8_t *out, size_t at, int kind, int step, const uint8_t *bytes, size_t len) {
     out[at] = (uint8_t)kind; out[at + 1] = (uint8_t)step;
@@ -67,21 +77,18 @@ static size_t pack_file(uint8_t *out, size_t at, const char *dir, int kind, int 
     return at;
 }
 
-// Seeds: the checkpoints of real 3-step runs (every step checkpointed) of a tiny model, as a whole,
-// with the newest one incomplete, and with leftovers and stray names. (No model files: the trainer
-// writes none since trainer state version 2; the fuzzer reaches the older layout by mutation.)
+// Seeds: the checkpoints of real runs of a tiny model stopped at step 3 of 6 (every step
+// checkpointed), as a whole, with the newest one incomplete, and with leftovers and stray names. (No
+// model files: the trainer writes none since trainer state version 2; the fuzzer reaches the older
+// layout by mutation.)
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     const char *seeds = getenv("FUZZ_WRITE_SEEDS");
     if (!seeds) return 0;
     static const struct { const char *recipe, *optimizer; int stable; int64_t B, T; } runs[4] = {
         {"8bit", "adamw", 1, 1, 4}, {"fp32", "lion", 0, 2, 3}, {"8bit", "sgd", 0, 1, 8}, {"flash", "adamw", 0, 1, 4}};
-    static uint8_t tokens[1024 + 2 * 4096];
-    int32_t h[3] = {TOKENS_MAGIC, 1, 4096};
-    memcpy(tokens, h, sizeof h);
-    for (int i = 0; i < 4096; i++) { uint16_t t = (uint16_t)(i * 7 % 16); memcpy(tokens + 1024 + 2 * i, &t, 2); }
     char tok[256], dir[256];
-    snprintf(tok, sizeof tok, "%s", fuzz_write_file("seed_tokens.bin", tokens, sizeof tokens));
+    snprintf(tok, sizeof tok, "%s", write_tokens("seed_tokens.bin"));
     snprintf(dir, sizeof dir, "%s", fuzz_path("seed_ckpt"));
     uint8_t *out = (uint8_t *)malloc(1 << 20);
     if (!out) exit(1);
@@ -90,7 +97,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         TrainArgs a;
         train_args_default(&a);
         a.train_path = tok; a.val_path = ""; a.tokenizer_path = ""; a.model = "d1c8h1v16t8";
-        a.out_dir = dir; a.steps = 3; a.ckpt_every = 1; a.B = runs[r].B; a.T = runs[r].T;
+        a.out_dir = dir; a.steps = 6; a.stop_after = 3; a.ckpt_every = 1; a.B = runs[r].B; a.T = runs[r].T;
         a.recipe = runs[r].recipe; a.optimizer = runs[r].optimizer; a.stable_embedding = runs[r].stable;
         a.eval_every = 0; a.gen_tokens = 0; a.verbose = 0;
         if (train_run(&a, NULL)) { fprintf(stderr, "seed run: %s\n", train_error_text); exit(1); }
@@ -118,13 +125,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!tokens_path[0]) {           // 4096 zero tokens: in range for any vocabulary
-        snprintf(tokens_path, sizeof tokens_path, "%s", fuzz_path("tokens.bin"));
-        static uint8_t tokens[1024 + 2 * 4096];
-        int32_t h[3] = {TOKENS_MAGIC, 1, 4096};
-        memcpy(tokens, h, sizeof h);
-        fuzz_write_file("tokens.bin", tokens, sizeof tokens);
-    }
+    if (!tokens_path[0]) snprintf(tokens_path, sizeof tokens_path, "%s", write_tokens("tokens.bin"));
     char dir[256];
     snprintf(dir, sizeof dir, "%s", fuzz_path("ckpt"));
     test_remove_tree(dir, 1);
@@ -193,7 +194,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         train_args_default(&a);
         a.train_path = tokens_path; a.val_path = ""; a.tokenizer_path = "";
         a.model = "d1c8h1v16t8";
-        a.out_dir = dir; a.resume = 1; a.steps = latest + 1;
+        a.out_dir = dir; a.resume = 1; a.stop_after = latest + 1;   // -n left out: the checkpoint's
         a.B = 1; a.T = 4; a.eval_every = 0; a.gen_tokens = 0; a.verbose = 0;
         // Settings as the trainer state file says, when they are small and known: the resume then
         // gets past the settings check to the model and optimizer files. (Words 0..15 mean the same
@@ -214,13 +215,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (getenv("FUZZ_DEBUG"))   // FUZZ_DEBUG=1 ./fuzz_checkpoint input...: what each resume did
             fprintf(stderr, "checkpoint %lld, %s %s B=%lld T=%lld: %s\n", (long long)latest, a.recipe, a.optimizer,
                     (long long)a.B, (long long)a.T, rc ? train_error_text : "resumed");
-        if (rc == 0) {   // from the newest complete checkpoint, or one before it when that one is damaged
-            char done[512];
+        if (rc == 0) {   // from the newest complete checkpoint, or one before it when that one is damaged,
+                         // to -x or to the -n of the checkpoint it resumed, when that comes first
+            char done[512], last[512];
             checkpoint_path(done, sizeof done, dir, "DONE", r.first_step - 1, "");
+            checkpoint_path(last, sizeof last, dir, "DONE", r.last_step, "");
             struct stat st;
-            if (r.first_step < 2 || r.first_step > latest + 1 || stat(done, &st) != 0 || checkpoint_latest(dir) != latest + 1) {
-                fprintf(stderr, "resumed at step %lld from checkpoint %lld; newest now %lld\n", (long long)r.first_step,
-                        (long long)latest, (long long)checkpoint_latest(dir));
+            int64_t newest = r.last_step > latest ? r.last_step : latest;
+            if (r.first_step < 2 || r.first_step > latest + 1 || r.last_step < r.first_step || r.last_step > latest + 1 ||
+                stat(done, &st) != 0 || stat(last, &st) != 0 || checkpoint_latest(dir) != newest) {
+                fprintf(stderr, "resumed steps %lld..%lld from checkpoint %lld; newest now %lld\n", (long long)r.first_step,
+                        (long long)r.last_step, (long long)latest, (long long)checkpoint_latest(dir));
                 abort();
             }
         } else if (!train_error_text[0]) {
