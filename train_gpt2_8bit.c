@@ -335,6 +335,10 @@ static void print_memory(Trainer *t) {
     }
 }
 
+// What reads a StableEmbedding model's export, said at start and on the export's line.
+static const char stable_export_readers[] =
+    "this trainer reads it (-e); llm.c refuses it (train with -w 0 for a model llm.c runs)";
+
 static void print_banner(Trainer *t) {
     const TrainArgs *a = &t->a;
     const GPT2Config *cfg = &t->model.config;
@@ -360,6 +364,9 @@ static void print_banner(Trainer *t) {
         printf("train    B=%lld T=%lld%s, steps %lld..%lld of %lld%s\n", (long long)a->B, (long long)a->T, micro,
                (long long)t->start + 1, (long long)t->end, (long long)a->steps, t->start > 0 ? " (resumed)" : "");
     else printf("train    no steps: the checkpoint of step %lld as it is, for -X\n", (long long)t->start);
+    if (a->export_path[0] && cfg->stable_embedding)   // said before training, not only once the file is written
+        printf("note: -X %s: this model has StableEmbedding, which llm.c's GPT-2 lacks; the file will be version %d: "
+               "%s\n", a->export_path, gpt2_model_file_version(cfg, a->export_bf16), stable_export_readers);
     if (t->gpu.model) nccl_hint();   // several GPUs here and no ranks: how to train on all of them
     print_memory(t);
     fflush(stdout);
@@ -443,20 +450,27 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     return 0;
 }
 
-// The weights as an llm.c model file (DESIGN.md §8.1): the fp32 masters (version 3), or their RNE to
-// bf16 (version 5, what llm.c's default bf16 build reads).
+// The weights as a model file (DESIGN.md §8.1): the fp32 masters (version 3), or their RNE to bf16
+// (version 5, what llm.c's default bf16 build reads). A StableEmbedding model's file has bnb8's
+// version 8003 or 8005 instead, which llm.c refuses: it would run another network from it.
 static int export_model(Trainer *t) {
     const TrainArgs *a = &t->a;
+    const GPT2Config *c = &t->model.config;
     float *masters;
     char where[160];
     if (t->dev->masters(t, &masters)) return -1;
     if (!masters) return 0;   // over NCCL, a rank other than 0: it sent its shards; rank 0 writes
-    if (gpt2_params_nonfinite(&t->model.config, masters, where, sizeof where))
+    if (gpt2_params_nonfinite(c, masters, where, sizeof where))
         return train_fail("export to %s: the weights are not finite (%s)", a->export_path, where);
-    if (gpt2_save_params(&t->model.config, masters, a->export_path, a->export_bf16)) return -1;
-    if (a->verbose)
+    if (gpt2_save_params(c, masters, a->export_path, a->export_bf16)) return -1;
+    if (a->verbose && !c->stable_embedding)
         printf("export   step %lld's weights to %s: llm.c model file version %d (%s), %lld bytes\n", (long long)t->end,
-               a->export_path, a->export_bf16 ? 5 : 3, a->export_bf16 ? "bf16" : "fp32", (long long)path_size(a->export_path));
+               a->export_path, gpt2_model_file_version(c, a->export_bf16), a->export_bf16 ? "bf16" : "fp32",
+               (long long)path_size(a->export_path));
+    if (a->verbose && c->stable_embedding)
+        printf("export   step %lld's weights to %s: model file version %d (%s, StableEmbedding), %lld bytes: %s\n",
+               (long long)t->end, a->export_path, gpt2_model_file_version(c, a->export_bf16),
+               a->export_bf16 ? "bf16" : "fp32", (long long)path_size(a->export_path), stable_export_readers);
     return 0;
 }
 

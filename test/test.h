@@ -82,6 +82,7 @@ void tests_flash(void);
 void tests_guard(void);
 void tests_shard(void);
 void tests_resume(void);
+void tests_export(void);
 void tests_threads(void);
 
 // CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state

@@ -16,5 +16,6 @@ int main(void) {
     tests_guard();
     tests_shard();
     tests_resume();
+    tests_export();
     return test_summary();
 }

@@ -10,6 +10,8 @@ place, read by the tests and the fuzzers without a model or a device.
 #include <string.h>
 #include <math.h>
 #include <errno.h>
+#include <limits.h>
+#include <signal.h>
 #include <dirent.h>
 #include <sys/types.h>
 #include <sys/stat.h>
@@ -311,21 +313,18 @@ static int checkpoint_file_name(const char *name) {
     return 0;
 }
 
+static int temporary_suffix(const char *suffix, long long *pid);
+
 // A temporary of a checkpoint file: its name and ".tmp.<pid>.<n>" (bnb8_write_atomically), or ".tmp"
 // (the trainer's older form).
 static int checkpoint_temporary_name(const char *name) {
     const char *tmp = strstr(name, ".tmp");
     char base[TRAIN_PATH_MAX];
-    if (!tmp || (size_t)(tmp - name) >= sizeof base) return 0;
+    long long pid;
+    if (!tmp || (size_t)(tmp - name) >= sizeof base || !temporary_suffix(tmp, &pid)) return 0;
     memcpy(base, name, (size_t)(tmp - name));
     base[tmp - name] = 0;
-    const char *p = tmp + 4;
-    for (int part = 0; *p && part < 2; part++) {   // ".<digits>" twice, or nothing
-        if (*p++ != '.' || *p < '0' || *p > '9') return 0;
-        while (*p >= '0' && *p <= '9') p++;
-        if (part == 0 && *p != '.') return 0;
-    }
-    return *p == 0 && checkpoint_file_name(base);
+    return checkpoint_file_name(base);
 }
 
 int checkpoint_own_name(const char *name) {
@@ -354,6 +353,8 @@ static int same_file(const char *a, const char *b) {
     struct stat x, y;
     return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
+
+static void export_remove_temporaries(const char *dir, const char *name, int verbose);
 
 int export_check(const TrainArgs *a) {
     const char *path = a->export_path;
@@ -386,7 +387,50 @@ int export_check(const TrainArgs *a) {
     if (fd < 0 || close(fd) != 0 || remove(probe) != 0)
         return train_fail("-X %s: cannot write into %s (%s): found before training, so that the run does not end "
                           "without its export", path, dir, strerror(errno));
+    export_remove_temporaries(dir, name, a->verbose);
     return 0;
+}
+
+// What follows a file's name in the name of its temporary: ".tmp.<pid>.<n>" (bnb8_write_atomically;
+// *pid the writer's, 0 when the digits are too many for one) or ".tmp" (the trainer's older form,
+// *pid 0: no writer named).
+static int temporary_suffix(const char *suffix, long long *pid) {
+    *pid = 0;
+    if (strncmp(suffix, ".tmp", 4) != 0) return 0;
+    const char *p = suffix + 4;
+    for (int part = 0; *p && part < 2; part++) {   // ".<digits>" twice, or nothing
+        if (*p++ != '.' || *p < '0' || *p > '9') return 0;
+        const char *digits = p;
+        while (*p >= '0' && *p <= '9') p++;
+        if (part == 0 && p - digits <= 18) *pid = strtoll(digits, NULL, 10);
+        if (part == 0 && *p != '.') return 0;
+    }
+    return *p == 0;
+}
+
+// The writer of a temporary is gone: no process has its pid (kill's ESRCH). A pid that a process has,
+// or that cannot be one, or a process this one may not signal, counts as alive.
+static int temporary_writer_gone(long long pid) {
+    return pid > 0 && pid <= INT_MAX && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+// Removes the temporaries of the export to dir/name that a run killed while writing it left: regular
+// files named name.tmp.<pid>.<n> whose writer is gone. Another run exporting to the same path at this
+// moment keeps its own (its pid is alive); a name.tmp without a pid names no writer and stays.
+static void export_remove_temporaries(const char *dir, const char *name, int verbose) {
+    char file[TRAIN_PATH_MAX + 256];
+    size_t n = strlen(name);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    struct stat st;
+    long long pid;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, name, n) == 0 && temporary_suffix(e->d_name + n, &pid) && temporary_writer_gone(pid) &&
+            snprintf(file, sizeof file, "%s/%s", dir, e->d_name) < (int)sizeof file && lstat(file, &st) == 0 &&
+            S_ISREG(st.st_mode) && unlink(file) == 0 && verbose)
+            printf("note: removed %s, a temporary file of -X that an interrupted run (pid %lld) left\n", file, pid);
+    closedir(d);
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -56,7 +56,9 @@ void checkpoint_remove_temporaries(const char *dir, int verbose);
 // A checkpoint file's name in -o (any step), a temporary of one, or the LOCK: the names the run owns there.
 int checkpoint_own_name(const char *name);
 // -X before anything trains: refused when it names a directory, an input of the run (-i, -j, -z,
-// a .bin -e) or a file of -o's checkpoints, or when its directory is not writable.
+// a .bin -e) or a file of -o's checkpoints, or when its directory is not writable. Else the
+// temporaries of this path that a killed run left (path.tmp.<pid>.<n>, regular files whose pid is
+// gone) are removed, saying so (verbose).
 int export_check(const TrainArgs *a);
 // The resume of t->start from t->a.out_dir as rank of ranks (0: a single process): the trainer state
 // into t->resumed, checked against the run's settings, and the model of its shape (its weights NaN

@@ -693,9 +693,22 @@ int gpt2_params_nonfinite(const GPT2Config *c, const float *p, char *buf, size_t
     return 0;
 }
 
-// Model file: header[2..7] = maxT, V, L, NH, C, Vp; version 3 = fp32, 5 = bf16 parameters, in
-// llm.c's order. bnb8 extension: header[8] = 1 when StableEmbedding's layernorm (lnew, lneb) follows
-// the 16 tensors (llm.c leaves header[8] at 0 and ignores what follows the tensors it reads).
+// Model file (DESIGN.md §8.1): header[2..7] = maxT, V, L, NH, C, Vp; then the 16 tensors in llm.c's
+// order, 4 (fp32) or 2 (bf16) bytes each. bnb8 extension: header[8] = 1 when StableEmbedding's
+// layernorm (lnew, lneb) follows them. Such a model is written as version 8003 or 8005, not llm.c's 3
+// or 5: llm.c ignores header[8] and what follows its tensors, so from a version 3 or 5 file it would
+// compute another network (no layernorm after wte, which it also ties to the output head), silently,
+// while it refuses any other version. Files of version 3 or 5 with header[8] = 1, written before,
+// still load.
+int gpt2_model_file_version(const GPT2Config *c, int bf16) {
+    if (c->stable_embedding) return bf16 ? MODEL_VERSION_STABLE_BF16 : MODEL_VERSION_STABLE_FP32;
+    return bf16 ? MODEL_VERSION_BF16 : MODEL_VERSION_FP32;
+}
+
+static int stable_embedding_version(int32_t version) {
+    return version == MODEL_VERSION_STABLE_FP32 || version == MODEL_VERSION_STABLE_BF16;
+}
+
 // The header of an open model file, every field and the file's size checked: the shape and the
 // bytes per parameter (4 or 2).
 static int model_header(FILE *f, const char *path, GPT2Config *c, int64_t *bytes_per) {
@@ -703,12 +716,17 @@ static int model_header(FILE *f, const char *path, GPT2Config *c, int64_t *bytes
     int64_t size;
     if (read_header(f, path, "model", h, &size)) return -1;
     if (h[0] != MODEL_MAGIC) return train_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5) return train_fail("%s: model file version %d, expected 3 (fp32) or 5 (bf16)", path, h[1]);
+    if (h[1] != MODEL_VERSION_FP32 && h[1] != MODEL_VERSION_BF16 && !stable_embedding_version(h[1]))
+        return train_fail("%s: model file version %d, expected 3 (fp32) or 5 (bf16), or %d / %d (the same with "
+                          "StableEmbedding)", path, h[1], MODEL_VERSION_STABLE_FP32, MODEL_VERSION_STABLE_BF16);
     if (h[8] != 0 && h[8] != 1) return train_fail("%s: header[8] = %d, expected 0 or 1 (StableEmbedding flag)", path, h[8]);
+    if (stable_embedding_version(h[1]) && h[8] != 1)
+        return train_fail("%s: model file version %d is a StableEmbedding model's, but header[8] = %d, expected 1", path,
+                          h[1], h[8]);
     GPT2Config hc = {h[2], h[3], h[7], h[4], h[5], h[6], h[8]};
     *c = hc;
     if (gpt2_config_check(c, path)) return -1;
-    *bytes_per = h[1] == 3 ? 4 : 2;
+    *bytes_per = h[1] == MODEL_VERSION_FP32 || h[1] == MODEL_VERSION_STABLE_FP32 ? 4 : 2;
     int64_t expected = 1024 + gpt2_num_parameters(c) * *bytes_per;
     if (size != expected)   // checked before allocating: a bad header cannot ask for terabytes
         return train_fail("%s: %s model file has %lld bytes, its header says %lld (maxT=%d V=%d L=%d NH=%d C=%d Vp=%d)",
@@ -757,7 +775,7 @@ static int model_writer(FILE *f, const void *ctx) {
     const ModelWrite *w = (const ModelWrite *)ctx;
     const GPT2Config *c = w->config;
     int32_t h[HEADER_INTS] = {0};
-    h[0] = MODEL_MAGIC; h[1] = w->bf16 ? 5 : 3; h[2] = c->max_seq_len; h[3] = c->vocab_size;
+    h[0] = MODEL_MAGIC; h[1] = gpt2_model_file_version(c, w->bf16); h[2] = c->max_seq_len; h[3] = c->vocab_size;
     h[4] = c->num_layers; h[5] = c->num_heads; h[6] = c->channels; h[7] = c->padded_vocab_size;
     h[8] = c->stable_embedding;
     if (fwrite(h, sizeof(int32_t), HEADER_INTS, f) != HEADER_INTS) return -1;

@@ -111,12 +111,23 @@ int gpt2_create(GPT2 *m, const GPT2Config *c);
 // A model of shape c with GPT-2's initialization from seed (the same bits on any number of
 // threads); no activations yet.
 int gpt2_init_random(GPT2 *m, const GPT2Config *c, uint64_t seed);
-// A model from an llm.c model file: fp32 (version 3) or bf16 (version 5), every field checked,
-// non-finite weights refused with the tensor's name.
+// The model file's versions (header[1], DESIGN.md §8.1): llm.c's fp32 and bf16, and bnb8's own for a
+// StableEmbedding model, which llm.c refuses: it has no layernorm after the token embedding, so it
+// would run another network from the weights.
+#define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5
+#define MODEL_VERSION_STABLE_FP32 8003
+#define MODEL_VERSION_STABLE_BF16 8005
+// The version gpt2_save writes for a model of shape c (bf16 1: its weights rounded to bf16).
+int gpt2_model_file_version(const GPT2Config *c, int bf16);
+// A model from a model file: fp32 (version 3 or 8003) or bf16 (version 5 or 8005), every field
+// checked, non-finite weights refused with the tensor's name. StableEmbedding is 8003 / 8005, or
+// header[8] = 1 in a version 3 or 5 file (written before those versions).
 int gpt2_load(GPT2 *m, const char *path);
-// The shape of an llm.c model file, from its header (checked as gpt2_load does), no weights read.
+// The shape of a model file, from its header (checked as gpt2_load does), no weights read.
 int gpt2_load_config(GPT2Config *c, const char *path);
-// Writes m's weights as an llm.c model file, atomically: fp32 version 3, or bf16 version 5.
+// Writes m's weights as a model file, atomically, of version gpt2_model_file_version: without
+// StableEmbedding an llm.c model file, fp32 version 3 or bf16 version 5.
 int gpt2_save(const GPT2 *m, const char *path, int bf16);
 // The same for fp32 weights held elsewhere (num_parameters of them, in the layout of c).
 int gpt2_save_params(const GPT2Config *c, const float *params, const char *path, int bf16);

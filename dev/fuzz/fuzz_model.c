@@ -1,15 +1,28 @@
 /*
-fuzz_model.c — libFuzzer harness for the trainer's llm.c model loader (gpt2_load: fp32 version 3,
-bf16 version 5, the StableEmbedding flag). The input is the file. A file that loads must run a small
-forward pass and survive a save / load round trip bit for bit; everything else must be refused with
-a message naming the file. ASan / UBSan / LeakSanitizer catch the rest.
+fuzz_model.c — libFuzzer harness for the trainer's model loader (gpt2_load: llm.c's fp32 version 3
+and bf16 version 5; StableEmbedding as bnb8's versions 8003 / 8005, or as header[8] = 1 in a version
+3 or 5 file written before those). The input is the file. A file that loads must run a small forward
+pass and survive a save / load round trip bit for bit, and a StableEmbedding model must save with a
+version llm.c refuses; everything else must be refused with a message naming the file. ASan / UBSan /
+LeakSanitizer catch the rest.
 */
 #define _POSIX_C_SOURCE 200809L
 #include "../../trainer/gpt2_cpu.h"
 #include "../../trainer/gpt2_data.h"
 #include "fuzz_util.h"
 
-// Seeds: tiny models as fp32 and bf16 files, with and without StableEmbedding, Vp > V.
+// The file at path with header[1] = version, under the seed name.
+static void put_older_seed(const char *dir, const char *name, const char *path, int32_t version) {
+    size_t size;
+    uint8_t *d = fuzz_slurp(path, &size);
+    if (!d || size < 1024) abort();
+    memcpy(d + 4, &version, 4);
+    fuzz_put_seed(dir, name, d, size);
+    free(d);
+}
+
+// Seeds: tiny models as fp32 and bf16 files, with and without StableEmbedding, Vp > V; and the
+// StableEmbedding ones in the older form too (version 3 or 5, header[8] = 1).
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     const char *dir = getenv("FUZZ_WRITE_SEEDS");
@@ -27,6 +40,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                 char name[64];
                 snprintf(name, sizeof name, "%s_stable%d_%s", descs[k], stable, bf16 ? "bf16" : "fp32");
                 fuzz_seed_from_file(dir, name, path);
+                if (stable) put_older_seed(dir, strcat(name, "_older"), path, bf16 ? 5 : 3);
                 gpt2_free(&m);
                 remove(path);
             }
@@ -58,6 +72,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (memcmp(&back.config, &m.config, sizeof m.config) != 0 || back.num_parameters != m.num_parameters ||
         memcmp(back.params_memory, m.params_memory, sizeof(float) * (size_t)m.num_parameters) != 0) {
         fprintf(stderr, "round trip changed the model\n");
+        abort();
+    }
+    // llm.c reads versions 3 and 5 as a GPT-2 without StableEmbedding's layernorm: never written for one
+    int32_t version = 0;
+    FILE *f = fopen(saved, "rb");
+    if (!f || fseek(f, 4, SEEK_SET) != 0 || fread(&version, 4, 1, f) != 1) abort();
+    fclose(f);
+    if (m.config.stable_embedding && (version == 3 || version == 5)) {
+        fprintf(stderr, "a StableEmbedding model saved as llm.c's version %d\n", version);
         abort();
     }
     gpt2_free(&back);
