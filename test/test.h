@@ -79,6 +79,7 @@ void tests_flash(void);
 void tests_guard(void);
 void tests_shard(void);
 void tests_threads(void);
+void tests_messages(void);
 
 // CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state
 // files (DESIGN.md §7) whose CRCs must still be right.
