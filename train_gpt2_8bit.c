@@ -423,6 +423,25 @@ static int checkpoint_worthy(Trainer *t, int64_t s, float loss, int *kept) {
     return 0;
 }
 
+// -L: once the checkpoint of step s is complete, the older ones beyond the newest -L go. Over NCCL
+// rank 0 removes every rank's files: -o is one directory that every rank writes into, and every
+// rank's file of step s was written before rank 0 wrote its DONE. A file that cannot be removed is
+// warned about, and the run goes on: its checkpoints are whole.
+static void prune_checkpoints(Trainer *t, int64_t s) {
+    const TrainArgs *a = &t->a;
+    int rank = 0, ranks = nccl_ranks(t, &rank);
+    CheckpointsPruned pruned;
+    if (a->keep_checkpoints == 0 || rank != 0) return;
+    int failed = checkpoint_prune(a->out_dir, s, a->keep_checkpoints, ranks, &pruned);
+    if (a->verbose && pruned.count == 1)
+        printf("step %5lld | -L %lld: removed the checkpoint of step %lld\n", (long long)s, (long long)a->keep_checkpoints,
+               (long long)pruned.oldest);
+    if (a->verbose && pruned.count > 1)
+        printf("step %5lld | -L %lld: removed %lld checkpoints, of steps %lld..%lld\n", (long long)s,
+               (long long)a->keep_checkpoints, (long long)pruned.count, (long long)pruned.oldest, (long long)pruned.newest);
+    if (failed && a->verbose) printf("warning: %s\n", train_error_text);
+}
+
 // The device row gives the fp32 masters, checked for finite values before anything is written.
 static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
     const TrainArgs *a = &t->a;
@@ -447,6 +466,7 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
         printf("             %lld ranks, an optimizer file each: rank 0's %lld bytes, %.3f bytes per parameter of its %lld\n",
                (long long)save.ranks, (long long)own, (double)own / (double)bnb8_optimizer_memory(t->opt, 0).params,
                (long long)bnb8_optimizer_memory(t->opt, 0).params);
+    prune_checkpoints(t, s);
     return 0;
 }
 
@@ -477,6 +497,7 @@ static int export_model(Trainer *t) {
 typedef struct {
     double train_time;
     int64_t trained;
+    int64_t group_clipped;    // est: steps with one group clipped or more
     float first_loss, last_loss, val_first, val_last;
 } Progress;
 
@@ -493,11 +514,12 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         float step_lr = lr_schedule(a, t->lr, s), loss = 0.0f;
         int skipped = 0;
         int64_t unchanged = 0;
-        char rule[48];
+        char rule[192];
         t->step = s;
         if (train_step(t, step_lr, &loss, &norm, &skipped, &unchanged)) return -1;
         int clipped = clip_step_end(t, norm, skipped, rule, sizeof rule);
         res->clipped_steps += clipped;
+        pr->group_clipped += est_groups_clipped(t) > 0;
         if (skipped) {
             res->skipped_steps++;
             if (a->verbose)
@@ -511,8 +533,8 @@ static int train_loop(Trainer *t, TrainResult *res, Progress *pr) {
         if (res->losses) res->losses[s - 1] = loss;
         if (res->norms) res->norms[s - 1] = norm;
         if (a->verbose) {
-            printf("step %5lld/%lld | loss %.4f | lr %.3e | norm %6.3f%s%s | %7.1f ms | %7.0f tok/s\n", (long long)s,
-                   (long long)a->steps, (double)loss, (double)step_lr, norm, rule, clipped ? " clipped" : "", 1e3 * dt,
+            printf("step %5lld/%lld | loss %.4f | lr %.3e | norm %6.3f%s | %7.1f ms | %7.0f tok/s\n", (long long)s,
+                   (long long)a->steps, (double)loss, (double)step_lr, norm, rule, 1e3 * dt,
                    (double)(a->B * a->T * a->accum) / dt);
             fflush(stdout);
         }
@@ -584,9 +606,12 @@ static void print_report(Trainer *t, const TrainResult *res, const Progress *pr)
     printf("\n");
     if (res->skipped_steps)
         printf("skipped  %lld steps whose gradients held NaN or Inf (no update made)\n", (long long)res->skipped_steps);
-    if (a->grad_clip > 0.0f)
-        printf("clip     at %g with %s: %lld of %lld steps clipped\n", (double)a->grad_clip, clip_rule_report(t->rule),
+    if (a->grad_clip > 0.0f) {   // est: the steps whose exact norm was above the clip, and those with a group clipped
+        printf("clip     at %g with %s: %lld of %lld steps clipped", (double)a->grad_clip, clip_rule_report(t->rule),
                (long long)res->clipped_steps, (long long)(t->end - t->start));
+        if (t->rule == CLIP_EST) printf(", %lld with one group clipped or more", (long long)pr->group_clipped);
+        printf("\n");
+    }
     if (a->gen_tokens > 0) print_sample(t);
 }
 
@@ -599,7 +624,7 @@ int train_run(const TrainArgs *a, TrainResult *res) {
     res->checkpoint_bytes = 0;
     Trainer *t = (Trainer *)calloc(1, sizeof(Trainer));
     if (!t) return train_fail("out of memory");
-    Progress pr = {0.0, 0, NAN, NAN, NAN, NAN};
+    Progress pr = {0.0, 0, 0, NAN, NAN, NAN, NAN};
     int status = trainer_open(t, a);
     if (!status && a->verbose) print_banner(t);
     if (!status) status = train_loop(t, res, &pr);
@@ -619,8 +644,7 @@ int main(int argc, char **argv) {
     int p = parse_args(argc, argv, &args, given);
     if (p == 1) { usage(stdout); return 0; }
     if (p < 0) {
-        fprintf(stderr, "error: %s\n\n", train_error_text);
-        usage(stderr);
+        print_flag_error(stderr, argv[0]);
         return 1;
     }
     if (gpu_wanted(&args)) {

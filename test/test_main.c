@@ -17,5 +17,6 @@ int main(void) {
     tests_shard();
     tests_resume();
     tests_export();
+    tests_messages();
     return test_summary();
 }

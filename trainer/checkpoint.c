@@ -628,3 +628,88 @@ static int check_resumed_model(Trainer *t) {
 int checkpoint_resume(Trainer *t, int rank, int ranks) {
     return resume_state(t, rank, ranks) || check_resumed_model(t) ? -1 : 0;
 }
+
+// ------------------------------------------------------------------------------------------------
+// Pruning (-L)
+
+static int newest_first(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// The steps of dir's complete checkpoints at or below step, newest first: *count of them in *steps
+// (the caller frees it).
+static int complete_steps(const char *dir, int64_t step, int64_t **steps, int64_t *count) {
+    DIR *d = opendir(dir);
+    int64_t cap = 0;
+    *steps = NULL;
+    *count = 0;
+    if (!d) return train_fail("-L: cannot read the checkpoint directory %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t v = checkpoint_done_step(e->d_name);
+        if (v == 0 || v > step) continue;
+        if (*count == cap) {
+            int64_t *more = (int64_t *)realloc(*steps, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 64));
+            if (!more) { closedir(d); return train_fail("out of memory"); }
+            *steps = more;
+        }
+        (*steps)[(*count)++] = v;
+    }
+    closedir(d);
+    if (*count) qsort(*steps, (size_t)*count, sizeof(int64_t), newest_first);
+    return 0;
+}
+
+// Removes one file of a checkpoint; one that is not there is no failure (a version 1 model file, the
+// optimizer file of the other layout). What is not a regular file (a directory, a symlink) was not
+// written by the run, whatever its name, and stays. after: what a failure leaves, for the message.
+static int remove_checkpoint_file(const char *path, const char *after) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : train_fail("-L: cannot read %s (%s): %s", path, strerror(errno), after);
+    if (!S_ISREG(st.st_mode))
+        return train_fail("-L: %s is not a regular file, so not one the run wrote: left as it is; %s", path, after);
+    if (unlink(path) == 0 || errno == ENOENT) return 0;
+    return train_fail("-L: cannot remove %s (%s): %s", path, strerror(errno), after);
+}
+
+// A checkpoint's files once its DONE is gone, by the names the run writes: the trainer state, a
+// version 1 model file, the optimizer file of a single process and those of this run's ranks.
+static int remove_checkpoint_files(const char *dir, int64_t step, int ranks) {
+    static const char *after = "its checkpoint is no longer complete (its DONE is gone): remove the file by hand";
+    char path[TRAIN_PATH_MAX];
+    int status = 0;
+    checkpoint_path(path, sizeof path, dir, "state", step, ".bin");
+    status |= remove_checkpoint_file(path, after);
+    checkpoint_path(path, sizeof path, dir, "model", step, ".bin");
+    status |= remove_checkpoint_file(path, after);
+    for (int r = -1; r < ranks; r++) {   // -1: the single process's optim_s.bin
+        checkpoint_optim_path(path, sizeof path, dir, step, r < 0 ? 0 : r, r < 0 ? 0 : ranks);
+        status |= remove_checkpoint_file(path, after);
+    }
+    return status;
+}
+
+// Each pruned checkpoint loses its DONE first, so that a kill from then on never leaves a DONE beside
+// missing files; a DONE that cannot be removed keeps its checkpoint whole. Every checkpoint is tried;
+// the first failure's message is kept.
+int checkpoint_prune(const char *dir, int64_t step, int64_t keep, int ranks, CheckpointsPruned *pruned) {
+    memset(pruned, 0, sizeof *pruned);
+    if (keep <= 0) return 0;
+    int64_t count, *steps;
+    if (complete_steps(dir, step, &steps, &count)) { free(steps); return -1; }
+    char path[TRAIN_PATH_MAX], first_error[sizeof train_error_text] = "";
+    for (int64_t i = keep; i < count; i++) {   // steps[0] is this step's: always kept
+        checkpoint_path(path, sizeof path, dir, "DONE", steps[i], "");
+        int failed = remove_checkpoint_file(path, "its checkpoint is kept, complete");
+        if (!failed) {
+            pruned->count++;
+            pruned->oldest = steps[i];
+            if (!pruned->newest) pruned->newest = steps[i];
+            failed = remove_checkpoint_files(dir, steps[i], ranks);
+        }
+        if (failed && !first_error[0]) snprintf(first_error, sizeof first_error, "%s", train_error_text);
+    }
+    free(steps);
+    return first_error[0] ? train_fail("%s", first_error) : 0;
+}

@@ -66,4 +66,12 @@ int export_check(const TrainArgs *a);
 // says whether a failure was the checkpoint's files'.
 int checkpoint_resume(Trainer *t, int rank, int ranks);
 
+// -L: once the checkpoint of step is complete, removes the complete checkpoints at or below it beyond
+// the newest keep (keep 0: none), each one's DONE first, then its files by the names the run writes
+// (ranks: this run's, 0 for a single process); never another file, nor a checkpoint after step or
+// one without its DONE. *pruned: how many were removed, the newest and the oldest of their steps.
+// -1 when a file could not be removed (the first such in train_error_text); the others are removed.
+typedef struct { int64_t count, newest, oldest; } CheckpointsPruned;
+int checkpoint_prune(const char *dir, int64_t step, int64_t keep, int ranks, CheckpointsPruned *pruned);
+
 #endif // TRAINER_CHECKPOINT_H

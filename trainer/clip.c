@@ -121,13 +121,39 @@ void clip_step_begin(Trainer *t) {
     if (t->rule == CLIP_EST) est_shares(t->profile, &t->model.config, t->shares);
 }
 
-int clip_step_end(Trainer *t, double norm, int skipped, char *text, size_t size) {
-    double with = clip_norm(t, norm);   // the norm this step clipped with (est: the embeddings')
-    int clipped = !skipped && t->a.grad_clip > 0.0f && with > t->a.grad_clip;
-    if (t->rule == CLIP_PREV) t->prev_norm = norm;
+// The est rule steps each group with its own norm (est_norm, compared as step_scale does), so a step
+// can clip some groups and not others: at step 1, before any profile, the layers' estimates can lie
+// far below the norm the embeddings clip with exactly.
+int est_groups_clipped(const Trainer *t) {
+    int count = 0, groups = t->model.config.num_layers + 2;
+    float clip = t->a.grad_clip;
+    for (int g = 0; t->rule == CLIP_EST && clip > 0.0f && g < groups; g++) count += est_norm(t, g) > clip;
+    return count;
+}
+
+// The step line's note on the groups an est step clipped ("" when none).
+static void est_clipped_note(const Trainer *t, char *text, size_t size) {
+    int L = t->model.config.num_layers, groups = L + 2, count = est_groups_clipped(t);
+    int embeddings = t->a.grad_clip > 0.0f && est_norm(t, L + 1) > t->a.grad_clip;
     text[0] = 0;
-    if (t->rule == CLIP_PREV) snprintf(text, size, " (prev %6.3f)", with);
-    if (t->rule == CLIP_EST) snprintf(text, size, " (est %.3f..%.3f)", t->est_lo, t->est_hi);
+    if (count == groups) snprintf(text, size, " clipped: all %d groups", groups);
+    else if (count == 1 && embeddings) snprintf(text, size, " clipped: embeddings");
+    else if (count > 0)
+        snprintf(text, size, " clipped: %d of %d groups, %s", count, groups,
+                 embeddings ? "the embeddings among them" : "not the embeddings");
+}
+
+int clip_step_end(Trainer *t, double norm, int skipped, char *text, size_t size) {
+    double with = clip_norm(t, norm);   // the norm this step clipped with (est: the embeddings', the exact one)
+    int clipped = !skipped && t->a.grad_clip > 0.0f && with > t->a.grad_clip;
+    char note[128] = "";
+    if (t->rule == CLIP_PREV) t->prev_norm = norm;
+    if (t->rule == CLIP_EST) est_clipped_note(t, note, sizeof note);
+    else if (clipped) snprintf(note, sizeof note, " clipped");
+    text[0] = 0;
+    if (t->rule == CLIP_PREV) snprintf(text, size, " (prev %6.3f)%s", with, note);
+    else if (t->rule == CLIP_EST) snprintf(text, size, " (est %.3f..%.3f)%s", t->est_lo, t->est_hi, note);
+    else snprintf(text, size, "%s", note);
     return clipped;
 }
 

@@ -36,12 +36,16 @@ void est_finish(Trainer *t, double *norm);
 int prev_rule_norm(Trainer *t, double *norm);
 
 // The run's side of the rules: their buffers (clip_open once the optimizer exists, clip_free), the
-// start of a step, and its end: clip_step_end returns whether the step was clipped, keeps prev's norm
-// for the next step and writes the step line's note on the rule into text.
+// start of a step, and its end: clip_step_end returns whether the step was clipped (by the norm it
+// clipped with; est: the embeddings', the step's exact norm), keeps prev's norm for the next step and
+// writes the step line's note on the rule and on what was clipped into text: " clipped", or under
+// est the groups (" clipped: embeddings", " clipped: 7 of 14 groups, not the embeddings",
+// " clipped: all 14 groups"). est_groups_clipped: how many groups the est step clipped (0 otherwise).
 int clip_open(Trainer *t);
 void clip_free(Trainer *t);
 void clip_step_begin(Trainer *t);
 int clip_step_end(Trainer *t, double norm, int skipped, char *text, size_t size);
+int est_groups_clipped(const Trainer *t);
 const char *clip_rule_about(int rule);    // for the banner
 const char *clip_rule_report(int rule);   // for the report
 

@@ -106,7 +106,14 @@ int tokenizer_load(Tokenizer *t, const char *path) {
     int status = read_header(f, path, "tokenizer", h, &size);
     if (!status && h[0] != TOKENIZER_MAGIC)
         status = train_fail("%s: not an llm.c tokenizer file (magic %d, expected %d)", path, h[0], TOKENIZER_MAGIC);
-    if (!status && h[1] != 2) status = train_fail("%s: tokenizer file version %d, expected 2", path, h[1]);
+    if (!status && h[1] != 1 && h[1] != 2) status = train_fail("%s: tokenizer file version %d, expected 1 or 2", path, h[1]);
+    // Version 1 has no end-of-text id: llm.c takes GPT-2's, 50256, and accepts only GPT-2's
+    // vocabulary, where that id is right; so does this loader.
+    if (!status && h[1] == 1 && h[2] != TOKENIZER_V1_VOCAB)
+        status = train_fail("%s: tokenizer file version 1 has no end-of-text id, which is GPT-2's (%d) only for GPT-2's "
+                            "vocabulary of %d tokens; this one has %d: write it as version 2, with its end-of-text id",
+                            path, TOKENIZER_V1_EOT, TOKENIZER_V1_VOCAB, h[2]);
+    if (!status && h[1] == 1) h[3] = TOKENIZER_V1_EOT;
     if (!status && (h[2] < 1 || h[2] > (1 << 24) || h[3] < 0 || h[3] >= h[2]))
         status = train_fail("%s: bad tokenizer header: vocabulary %d, end-of-text id %d", path, h[2], h[3]);
     if (!status && size - 1024 < 2 * (int64_t)h[2])   // before allocating: each token takes >= 2 bytes

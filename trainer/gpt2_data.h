@@ -54,8 +54,11 @@ int tokens_check_vocab(const TokenFile *t, int V);
 // so that a resume on other training data is refused.
 int64_t tokens_digest(const TokenFile *t);
 
-// Tokenizer file: header[2] = vocabulary size, header[3] = end-of-text id; then per token a length
-// byte (1..255) and its bytes, exactly to the end of the file.
+// Tokenizer file: header[1] = version 2, header[2] = vocabulary size, header[3] = end-of-text id;
+// then per token a length byte (1..255) and its bytes, exactly to the end of the file. Version 1
+// has no end-of-text id: as llm.c, it is read only for GPT-2's vocabulary, with GPT-2's id.
+#define TOKENIZER_V1_VOCAB 50257
+#define TOKENIZER_V1_EOT 50256
 typedef struct {
     int vocab_size, eot;
     uint8_t *data;        // the file's payload

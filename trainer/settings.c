@@ -73,7 +73,8 @@ void train_args_default(TrainArgs *a) {
     a->recipe = "8bit"; a->optimizer = "adamw";
     a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256; a->scale_dtype = -1;
     a->stable_embedding = -1;
-    a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = 48; a->ckpt_every = 0;
+    a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = -1; a->ckpt_every = 0;
+    a->keep_checkpoints = 0;
     a->stop_after = 0; a->seed = 1337; a->resume = 0; a->verbose = 1;
     a->export_path = ""; a->export_bf16 = 1;
 }
@@ -131,8 +132,11 @@ void usage(FILE *f) {
         "  -v <int>    evaluate the validation loss every this many steps and at the end, 0 = never (default %lld)\n"
         "  -m <int>    at most this many validation batches, 0 = all of the file's (default %lld)\n"
         "  -s <int>    print a sample every this many steps, 0 = only at the end (default %lld)\n"
-        "  -G <int>    tokens per sample, 0 = none      (default %lld)\n"
+        "  -G <int>    tokens per sample, 0 = none; at most -t - 1, the positions the model holds besides the\n"
+        "              first (default %d, or -t - 1 when less)\n"
         "  -k <int>    checkpoint every this many steps (and at the end) into -o (default %lld = end only)\n"
+        "  -L <int>    keep the newest this many complete checkpoints in -o, removing older ones once a newer one\n"
+        "              is complete; 0 = all (default %lld)\n"
         "  -y <0|1>    resume from the newest complete checkpoint in -o (a damaged one: the one before); without\n"
         "              it an -o that holds checkpoints is refused. The checkpoint's model, RNG and data position\n"
         "              continue: an -e or -w of another model and an -i of other tokens are refused, -d is not\n"
@@ -157,8 +161,12 @@ void usage(FILE *f) {
         (long long)d.B, (long long)d.T, (long long)d.steps, (double)optimizers[0].lr, (double)optimizers[1].lr,
         (double)optimizers[2].lr, (long long)d.warmup, (double)d.final_lr_frac, (double)optimizers[0].weight_decay,
         (double)optimizers[1].weight_decay, (double)optimizers[2].weight_decay, (double)d.grad_clip,
-        (long long)d.eval_every, (long long)d.val_batches, (long long)d.sample_every, (long long)d.gen_tokens,
-        (long long)d.ckpt_every, d.resume, (unsigned long long)d.seed, TRAIN_MAX_BAD_STEPS);
+        (long long)d.eval_every, (long long)d.val_batches, (long long)d.sample_every, DEFAULT_GEN_TOKENS,
+        (long long)d.ckpt_every, (long long)d.keep_checkpoints, d.resume, (unsigned long long)d.seed, TRAIN_MAX_BAD_STEPS);
+}
+
+void print_flag_error(FILE *f, const char *program) {
+    fprintf(f, "error: %s\nrun %s -h for the flags\n", train_error_text, program);
 }
 
 static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -174,7 +182,8 @@ static int parse_float(const char *flag, const char *s, double lo, double hi, fl
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi))
+    // -0 passes v >= 0: a flag that refuses negative values refuses it too, by its sign bit
+    if (errno || end == s || *end || !(v >= lo && v <= hi) || (lo >= 0.0 && signbit(v)))
         return train_fail("%s expects a number in [%g, %g], got '%s'", flag, lo, hi, s);
     *out = (float)v;
     return 0;
@@ -187,7 +196,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKSDPRCwbtnAluqcgvmsGkyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKSDPRCwbtnAluqcgvmsGkLyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -239,6 +248,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         case 's': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->sample_every); break;
         case 'G': st = parse_int(f, v, 0, 1 << 20, &a->gen_tokens); break;
         case 'k': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->ckpt_every); break;
+        case 'L': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->keep_checkpoints); break;
         case 'y': st = parse_int(f, v, 0, 1, &n); a->resume = (int)n; break;
         case 'x': st = parse_int(f, v, 0, INT64_C(1) << 40, &a->stop_after); break;
         case 'd': st = parse_int(f, v, 0, INT64_MAX, &n); a->seed = (uint64_t)n; break;
@@ -273,12 +283,20 @@ int check_settings(Trainer *t, int on_gpu) {
     if (ri < 0) return train_fail("unknown recipe '%s' (%s)", a->recipe, RECIPE_NAMES);
     if (oi < 0) return train_fail("unknown optimizer '%s' (adamw, lion, sgd)", a->optimizer);
     if (a->B < 1 || a->T < 1 || a->steps < 1 || a->accum < 1 || a->warmup < 0 || a->stop_after < 0 || a->eval_every < 0 ||
-        a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < 0 || !(a->grad_clip >= 0.0f) ||
+        a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < -1 || a->keep_checkpoints < 0 || !(a->grad_clip >= 0.0f) ||
         !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
         a->release < 0 || a->release > 1 || a->recompute < 0 || a->recompute > 1 || a->parity < 0 || a->parity > 1 ||
         a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0)
         return train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
-    if ((a->resume || a->ckpt_every) && !a->out_dir[0]) return train_fail("checkpoints and resume need an output directory (-o)");
+    if ((a->resume || a->ckpt_every || a->keep_checkpoints) && !a->out_dir[0])
+        return train_fail("checkpoints (-k, -L) and resume (-y) need an output directory (-o)");
+    // A sample is generated in the model's T positions, the first holding the end-of-text token it
+    // starts from: a -G past T - 1 could not be honoured, and the default shrinks to fit.
+    if (a->gen_tokens > a->T - 1)
+        return train_fail("-G %lld: a sample is at most T - 1 = %lld tokens (-t %lld: the model holds T positions, the "
+                          "first for the end-of-text token a sample starts from): lower -G or raise -t",
+                          (long long)a->gen_tokens, (long long)(a->T - 1), (long long)a->T);
+    if (a->gen_tokens < 0) t->a.gen_tokens = DEFAULT_GEN_TOKENS < a->T - 1 ? DEFAULT_GEN_TOKENS : a->T - 1;
     if (a->stop_after && !a->out_dir[0])   // it would stop early and save nothing
         return train_fail("-x %lld stops after that step to checkpoint it: it needs an output directory (-o) (to train "
                           "fewer steps without checkpoints, lower -n)", (long long)a->stop_after);

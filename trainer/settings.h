@@ -25,6 +25,7 @@ int find_scale_dtype(const char *name);
 extern const char *const clip_rule_names[3];   // -N's values: "exact", "prev", "est"
 
 #define DEFAULT_DATA_DIR "dev/data/fortunes/"
+#define DEFAULT_GEN_TOKENS 48   // -G left out: tokens per sample, or T - 1 when less
 
 void train_args_default(TrainArgs *a);
 // 0 (run), 1 (-h: print usage) or -1 (bad flag: message in train_error_text). given[c] is set for
@@ -33,6 +34,9 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]);
 // On the GPU, the flags left out take the GPU's defaults (d12, flash + release, B=16, T=1024, ...).
 void apply_gpu_defaults(TrainArgs *a, const char given[128]);
 void usage(FILE *f);
+// A bad command line: the error (train_error_text) and a line that says where the flags are, not the
+// whole usage text, which would scroll the error away. main exits 1 after it.
+void print_flag_error(FILE *f, const char *program);
 // Learning rate of step s (1-based): linear warm-up, then cosine from lr to final_lr_frac * lr.
 float lr_schedule(const TrainArgs *a, float lr, int64_t s);
 

@@ -84,7 +84,9 @@ typedef struct {
     int release;              // gradient release (GPU): step each layer inside backward
     int recompute;            // GPU: keep each layer's output only, recompute the rest in backward
     int stable_embedding;     // 1 on, 0 off, -1 auto: on for descriptors, as the file says for .bin
-    int64_t eval_every, val_batches, sample_every, gen_tokens, ckpt_every;
+    int64_t eval_every, val_batches, sample_every, ckpt_every;
+    int64_t gen_tokens;       // tokens per sample, at most T - 1; -1: DEFAULT_GEN_TOKENS, or T - 1 when less
+    int64_t keep_checkpoints; // -L: keep the newest this many complete checkpoints in out_dir; 0 = all
     int64_t stop_after;       // stop after this step (the schedule still spans `steps`); 0 = no
     uint64_t seed;
     int resume;

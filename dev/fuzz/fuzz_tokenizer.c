@@ -6,20 +6,21 @@ input is the file; a tokenizer that loads prints every token (to /dev/null) and 
 #include "../../trainer/gpt2_data.h"
 #include "fuzz_util.h"
 
-// Seeds: a 1-token and an 8-token vocabulary (bytes of every kind, one 255-byte token).
+// Seeds: a 1-token and an 8-token vocabulary (bytes of every kind, one 255-byte token), and a
+// version 1 file (no end-of-text id: GPT-2's vocabulary only) of one-byte tokens.
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     const char *dir = getenv("FUZZ_WRITE_SEEDS");
     if (!dir) return 0;
-    for (int k = 0; k < 2; k++) {
-        static uint8_t file[1024 + 4096];
+    for (int k = 0; k < 3; k++) {
+        static uint8_t file[1024 + 2 * TOKENIZER_V1_VOCAB];
         memset(file, 0, sizeof file);
-        int vocab = k ? 8 : 1;
-        int32_t h[4] = {TOKENIZER_MAGIC, 2, vocab, vocab - 1};
+        int vocab = k == 2 ? TOKENIZER_V1_VOCAB : k ? 8 : 1;
+        int32_t h[4] = {TOKENIZER_MAGIC, k == 2 ? 1 : 2, vocab, k == 2 ? 0 : vocab - 1};
         memcpy(file, h, sizeof h);
         size_t at = 1024;
         for (int i = 0; i < vocab; i++) {
-            int len = i == 5 ? 255 : 1 + i;
+            int len = k == 2 ? 1 : i == 5 ? 255 : 1 + i;
             file[at++] = (uint8_t)len;
             for (int j = 0; j < len; j++) file[at++] = (uint8_t)(i == 3 ? j : 'a' + (i + j) % 26);
         }
