@@ -15,5 +15,6 @@ int main(void) {
     tests_flash();
     tests_guard();
     tests_shard();
+    tests_api();
     return test_summary();
 }

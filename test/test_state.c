@@ -704,7 +704,7 @@ static void test_api_misuse(void) {
     MISUSE(bnb8_optimizer_load(opt, NULL), "load: path NULL");
     EXPECT(bnb8_optimizer_step_count(opt, -1) == -1 && bnb8_optimizer_step_count(opt, 2) == -1 && bnb8_optimizer_step_count(NULL, 0) == -1,
            "steps of a tensor that does not exist");
-    EXPECT(bnb8_optimizer_count(NULL) == 0 && bnb8_optimizer_take_nonfinite(NULL) == 0, "count / take_nonfinite of NULL");
+    EXPECT(bnb8_optimizer_count(NULL) == 0 && bnb8_optimizer_take_nonfinite(NULL, NULL) == BNB8_ERR_NULL, "count / take_nonfinite of NULL");
     bnb8_memory none = bnb8_optimizer_memory(NULL, 1);
     EXPECT(none.params == 0 && none.weights == 0.0 && none.gradients == 0.0 && none.states == 0.0, "memory of NULL");
     bnb8_optimizer_free(NULL);
@@ -818,13 +818,13 @@ static void test_nonfinite_results(void) {
                "format %d: %s", f, bnb8_last_error());
         if (!opt) continue;
         EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0, "format %d: step: %s", f, bnb8_last_error());
-        int64_t bad = bnb8_optimizer_take_nonfinite(opt), moved = 0;
+        int64_t bad = test_take_nonfinite(opt), moved = 0;
         EXPECT(bad == 1, "format %d: %lld elements counted, expected 1 (g = 1e30 at %lld)", f, (long long)bad, (long long)k);
         EXPECT(p[k] == before[k], "format %d: element %lld moved to %g", f, (long long)k, (double)p[k]);
         for (int64_t i = 0; i < n; i++) moved += i != k && p[i] != before[i] && isfinite(p[i]);
         EXPECT(moved == n - 1, "format %d: %lld of %lld other elements stepped to finite values", f, (long long)moved, (long long)(n - 1));
         for (int64_t i = 0; i < n; i++) g[i] = (float)(0.01 * test_randn(&rng));
-        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0 && bnb8_optimizer_take_nonfinite(opt) == 0,
+        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0 && test_take_nonfinite(opt) == 0,
                "format %d: the second step: %s", f, bnb8_last_error());
         int64_t finite = 0;
         for (int64_t i = 0; i < n; i++) finite += isfinite(p[i]) && p[i] != before[i];
@@ -848,7 +848,7 @@ static void test_nonfinite_results(void) {
                "SGD %s: %s", bf16 ? "bf16" : "fp32", bnb8_last_error());
         if (!opt) continue;
         EXPECT(bnb8_optimizer_step(opt, 1.0f, 1.0f, NULL) == 0, "SGD: step: %s", bnb8_last_error());
-        int64_t bad = bnb8_optimizer_take_nonfinite(opt);
+        int64_t bad = test_take_nonfinite(opt);
         float w0 = bnb8_load(param, dt, 0), w1 = bnb8_load(param, dt, 1), w2 = bnb8_load(param, dt, 2);
         EXPECT(bad == 1 && w0 == top && isfinite(w1) && w1 < top && w2 == bnb8_load(param, dt, 3) && w2 != 0.5f,
                "SGD %s weights: %lld counted (expected 1), w0 %g (kept: %g), w1 %g, w2 %g", bf16 ? "bf16" : "fp32",
