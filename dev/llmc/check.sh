@@ -27,15 +27,19 @@ TRAIN_BIN=$(ls "$ROOT"/dev/data/corpus/*train*.bin 2> /dev/null | head -n 1)
 VAL_BIN=$(ls "$ROOT"/dev/data/corpus/*val*.bin 2> /dev/null | head -n 1)
 [ -n "$TRAIN_BIN" ] && [ -n "$VAL_BIN" ] || { echo "check.sh: no corpus in dev/data/corpus (make corpus, then carry it)"; exit 1; }
 W=$OUT/llmc
-rm -rf "$W" && cp -r "$LLMC" "$W" || exit 1
-bash "$ROOT/dev/llmc/apply.sh" "$W" || exit 1
-changed=$(cd "$W" && diff -U0 "$LLMC/train_gpt2.cu" train_gpt2.cu | grep -c '^[-+][^-+]')
-# the check's own edit, not the guide's: llm.c's initialization seed from LLMC_SEED
-sed -i 's/manual_seed(&init_rng, 42);/manual_seed(\&init_rng, getenv("LLMC_SEED") ? atoi(getenv("LLMC_SEED")) : 42);/' "$W/train_gpt2.cu"
 T0=$SECONDS
-(cd "$W" && make -j3 train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 > "$OUT/build.log" 2>&1) || { tail -n 30 "$OUT/build.log"; exit 1; }
+if [ -n "${REUSE:-}" ] && [ -x "$W/train_gpt2cu" ]; then   # a build of an earlier call on a warm machine
+    echo "reusing $W/train_gpt2cu"
+else
+    rm -rf "$W" && cp -r "$LLMC" "$W" || exit 1
+    bash "$ROOT/dev/llmc/apply.sh" "$W" || exit 1
+    # the check's own edit, not the guide's: llm.c's initialization seed from LLMC_SEED
+    sed -i 's/manual_seed(&init_rng, 42);/manual_seed(\&init_rng, getenv("LLMC_SEED") ? atoi(getenv("LLMC_SEED")) : 42);/' "$W/train_gpt2.cu"
+    (cd "$W" && make -j3 train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 > "$OUT/build.log" 2>&1) || { tail -n 30 "$OUT/build.log"; exit 1; }
+fi
+changed=$(diff -U0 "$LLMC/train_gpt2.cu" "$W/train_gpt2.cu" | grep -c '^[-+][^-+]')   # the guide's lines and the seed's
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1
-echo "patched llm.c built in $((SECONDS - T0)) s; train_gpt2.cu: $changed lines changed by apply.sh"
+echo "patched llm.c built in $((SECONDS - T0)) s; train_gpt2.cu: $changed lines changed (apply.sh's and the seed's one)"
 table=""
 row() { table+=$(printf '%-22s %s' "$1" "$2")$'\n'; echo "--> $1: $2"; }
 F="-i $TRAIN_BIN -j $VAL_BIN -e d12 -b 16 -t 1024 -l 6e-4 -u 100 -q 0.1 -c 0.1 -s 0 -h 0 -m 20"
