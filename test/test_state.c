@@ -652,7 +652,8 @@ static void test_api_misuse(void) {
     if (!opt) return;
     bad = c; bad.blocksize = 96;
     MISUSE(bnb8_optimizer_override(NULL, "x", &c), "override: opt NULL");
-    MISUSE(bnb8_optimizer_override(opt, NULL, &c), "override: name NULL");
+    bad = c; bad.format = BNB8_STATE_FLASH;
+    MISUSE(bnb8_optimizer_override(opt, NULL, &bad), "override of every tensor: another layout");
     MISUSE(bnb8_optimizer_override(opt, "x", NULL), "override: cfg NULL");
     MISUSE(bnb8_optimizer_override(opt, "x", &bad), "override: blocksize 96");
     bad = c; bad.map = (bnb8_map)7;
@@ -670,7 +671,8 @@ static void test_api_misuse(void) {
     EXPECT(bnb8_optimizer_count(opt) == 0, "failed adds registered %d tensors", bnb8_optimizer_count(opt));
     EXPECT(bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, 300, &id) == 0 && id == 0, "add: %s", bnb8_last_error());
     MISUSE(bnb8_optimizer_add(opt, "w", q, BNB8_F32, g, BNB8_F32, 300, NULL), "add: duplicate name");
-    MISUSE(bnb8_optimizer_override(opt, "w", &c), "override after add");
+    bad = c; bad.blocksize = 512;
+    MISUSE(bnb8_optimizer_override(opt, "w", &bad), "override after add: another block size");
     EXPECT(bnb8_optimizer_add(opt, "nograd", q, BNB8_F32, NULL, BNB8_F32, 300, &id) == 0 && id == 1, "add without grad");
     EXPECT(bnb8_optimizer_count(opt) == 2, "%d tensors, expected 2", bnb8_optimizer_count(opt));
 
@@ -782,7 +784,6 @@ static void test_refused_hyperparameters(void) {
     float p0[300];
     memcpy(p0, p, sizeof p);
     MISUSE(bnb8_optimizer_step(opt, -1e-3f, 1.0f, NULL), "step: lr -1e-3");
-    MISUSE(bnb8_optimizer_step(opt, 1e-3f, 0.0f, NULL), "step: gnorm_scale 0");
     MISUSE(bnb8_optimizer_step(opt, 1e-3f, -1.0f, NULL), "step: gnorm_scale -1");
     MISUSE(bnb8_optimizer_step(opt, 1e-3f, NAN, NULL), "step: gnorm_scale NaN");
     MISUSE(bnb8_optimizer_step(opt, 200.0f, 1.0f, NULL), "step: scheduled lr 200 x wd 0.01 = 2");
