@@ -655,6 +655,7 @@ static void test_api_misuse(void) {
     bad = c; bad.format = BNB8_STATE_FLASH;
     MISUSE(bnb8_optimizer_override(opt, NULL, &bad), "override of every tensor: another layout");
     MISUSE(bnb8_optimizer_override(opt, "x", NULL), "override: cfg NULL");
+    bad = c; bad.blocksize = 96;
     MISUSE(bnb8_optimizer_override(opt, "x", &bad), "override: blocksize 96");
     bad = c; bad.map = (bnb8_map)7;
     MISUSE(bnb8_optimizer_override(opt, "x", &bad), "override: map 7");
