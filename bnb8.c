@@ -440,6 +440,7 @@ struct bnb8_optimizer {
 #pragma weak bnb8_cuda_alloc_zeroed
 #pragma weak bnb8_cuda_free
 #pragma weak bnb8_cuda_copy
+#pragma weak bnb8_cuda_masters
 #pragma weak bnb8_cuda_step
 #pragma weak bnb8_cuda_take_nonfinite
 #pragma weak bnb8_cuda_context_free
@@ -531,8 +532,8 @@ static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8
         return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not BNB8_CORRECTION_AUTO (-1), 0 (none), 1 (int8), "
                          "2 (int16) or 4 (fp32 master)", fn, cb);
     if (bnb8_check_scale_dtype(fn, c->scale_dtype)) return BNB8_ERR_DTYPE;
-    if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0)
-        return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3 and min_8bit_size must be >= 0", fn);
+    if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0 || c->stacked < 0)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3, min_8bit_size and stacked must be >= 0", fn);
     if (c->shard_total < 0 || c->shard_total > BNB8_MAX_ELEMENTS || c->shard_offset < 0 ||
         (c->shard_total == 0 ? c->shard_offset != 0 : c->shard_offset >= c->shard_total))
         return bnb8_fail(BNB8_ERR_ARG, "%s: shard_offset %lld, shard_total %lld: a shard starts in 0..shard_total - 1 "
@@ -595,14 +596,81 @@ static bnb8_override *bnb8_find_override(bnb8_optimizer *opt, const char *name) 
     return NULL;
 }
 
+// The fields that lay out a tensor's states, fixed once it is added: the first of them in which a
+// differs from b, or NULL when none does.
+static const char *bnb8_layout_difference(const bnb8_config *a, const bnb8_config *b) {
+    if (a->format != b->format) return "format";
+    if (a->blocksize != b->blocksize) return "blocksize";
+    if (a->map != b->map) return "map";
+    if (a->min_8bit_size != b->min_8bit_size) return "min_8bit_size";
+    if (a->stacked != b->stacked) return "stacked";
+    if (a->correction_bytes != b->correction_bytes) return "correction_bytes";
+    if (a->scale_dtype != b->scale_dtype) return "scale_dtype";
+    if (a->percentile_clipping != b->percentile_clipping) return "percentile_clipping";
+    if (a->sum_squares != b->sum_squares) return "sum_squares";
+    if (a->shard_offset != b->shard_offset || a->shard_total != b->shard_total) return "shard_offset / shard_total";
+    return NULL;
+}
+
+// The fields a trainer may change from step to step (bnb8_optimizer_override after the add).
+static void bnb8_copy_hyperparameters(bnb8_config *to, const bnb8_config *from) {
+    to->lr = from->lr; to->beta1 = from->beta1; to->beta2 = from->beta2; to->beta3 = from->beta3;
+    to->eps = from->eps; to->weight_decay = from->weight_decay; to->momentum = from->momentum;
+    to->dampening = from->dampening; to->nesterov = from->nesterov; to->alpha = from->alpha;
+    to->t_alpha = from->t_alpha; to->t_beta3 = from->t_beta3; to->max_unorm = from->max_unorm;
+    to->gnorm_scale_at = from->gnorm_scale_at;
+}
+
+// Whether an added tensor can take from's hyperparameters: SGD's momentum may not come or go (it
+// is a state), a part of a tensor has no trust ratio, and the gnorm_scale_at float lives where the
+// tensor does.
+static bnb8_status bnb8_check_hyperparameters(const char *fn, const bnb8_optimizer *opt, const bnb8_tensor *t,
+                                              const bnb8_config *from) {
+    if (bnb8_state_count(opt->kind, from->momentum) != t->nstates)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': momentum %g would %s a state the tensor was added %s", fn, t->name,
+                         (double)from->momentum, t->nstates ? "drop" : "need", t->nstates ? "with" : "without");
+    if (from->max_unorm > 0.0f && t->n < t->total)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is a part of a tensor: a trust ratio (max_unorm > 0) needs the whole", fn, t->name);
+    if (from->gnorm_scale_at && (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(from->gnorm_scale_at)) != t->on_gpu)
+        return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' is %s memory, cfg.gnorm_scale_at is not", fn, t->name, t->on_gpu ? "GPU" : "host");
+    return BNB8_OK;
+}
+
+// Every tensor's hyperparameters, and those of tensors added later: cfg's layout is the optimizer's,
+// and every tensor is checked before any changes.
+static bnb8_status bnb8_override_all(bnb8_optimizer *opt, const bnb8_config *cfg) {
+    const char *field = bnb8_layout_difference(&opt->cfg, cfg);
+    if (field)
+        return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: cfg's %s is not the optimizer's (every tensor's "
+                         "hyperparameters: pass the configuration it was created with, changed there)", field);
+    for (int i = 0; i < opt->num_tensors; i++) {
+        bnb8_status status = bnb8_check_hyperparameters("bnb8_optimizer_override", opt, &opt->tensors[i], cfg);
+        if (status) return status;
+    }
+    for (int i = 0; i < opt->num_tensors; i++) bnb8_copy_hyperparameters(&opt->tensors[i].cfg, cfg);
+    for (int i = 0; i < opt->num_overrides; i++) bnb8_copy_hyperparameters(&opt->overrides[i].cfg, cfg);
+    bnb8_copy_hyperparameters(&opt->cfg, cfg);
+    return BNB8_OK;
+}
+
 bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg) {
-    if (!opt || !name || !cfg) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_override: NULL argument");
-    if (!name[0]) return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: an empty name");
-    bnb8_status status = bnb8_check_config("bnb8_optimizer_override", opt->kind, cfg);
+    const char *fn = "bnb8_optimizer_override";
+    if (!opt || !cfg) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or cfg is NULL", fn);
+    if (name && !name[0]) return bnb8_fail(BNB8_ERR_ARG, "%s: an empty name", fn);
+    bnb8_status status = bnb8_check_config(fn, opt->kind, cfg);
     if (status) return status;
-    for (int i = 0; i < opt->num_tensors; i++)
-        if (strcmp(opt->tensors[i].name, name) == 0)
-            return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_override: '%s' is already added", name);
+    if (!name) return bnb8_override_all(opt, cfg);
+    for (int i = 0; i < opt->num_tensors; i++) {
+        bnb8_tensor *t = &opt->tensors[i];
+        if (strcmp(t->name, name) != 0) continue;
+        const char *field = bnb8_layout_difference(&t->cfg, cfg);
+        if (field)
+            return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is already added: its %s lays out its states and cannot change "
+                             "(override it before bnb8_optimizer_add)", fn, name, field);
+        if ((status = bnb8_check_hyperparameters(fn, opt, t, cfg))) return status;
+        bnb8_copy_hyperparameters(&t->cfg, cfg);
+        return BNB8_OK;
+    }
     bnb8_override *o = bnb8_find_override(opt, name);
     if (o) {   // a second override of a name replaces the first
         o->cfg = *cfg;
@@ -680,27 +748,20 @@ static bnb8_status bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_
     return BNB8_OK;
 }
 
-// A tensor's fp32 master set to its bf16/fp16 weights, widened. On the GPU through host memory, as
-// bnb8_optimizer_import_fp32 does: widening is exact, so the bits are the CPU's.
-static bnb8_status bnb8_master_from_weights(bnb8_tensor *t) {
-    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, mbytes = sizeof(float) * (size_t)t->n;
-    const void *w = t->param;
-    float *master = (float *)t->correction;
-    void *hw = NULL, *hm = NULL;
-    bnb8_status status = BNB8_OK;
-    if (t->on_gpu) {
-        w = hw = malloc(wbytes);
-        master = (float *)(hm = malloc(mbytes));
-        status = hw && hm ? bnb8_cuda_copy(hw, t->param, wbytes, 0)
-                          : bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_add: host copy of a tensor's weights");
-    }
-    if (!status) {
+// fp32 masters of a tensor to or from fp32 values where the tensor lives (host memory, or device
+// memory for a GPU tensor): to_weights 1 stores fp32 into the weights and correction, 0 loads them
+// into fp32; corr_bytes 0 with to_weights 0: the weights widened. One per-element function on either
+// device, so the bits do not depend on it.
+static bnb8_status bnb8_masters_in_place(const bnb8_tensor *t, void *corr, int corr_bytes, float *fp32, int to_weights) {
+    if (t->on_gpu) return bnb8_cuda_masters(t->param, t->param_dtype, corr, corr_bytes, t->n, fp32, to_weights);
+    if (to_weights) {
         #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < t->n; i++) master[i] = bnb8_load(w, t->param_dtype, i);
+        for (int64_t i = 0; i < t->n; i++) bnb8_master_store(t->param, t->param_dtype, corr, corr_bytes, i, fp32[i]);
+    } else {
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t->n; i++) fp32[i] = bnb8_master_load(t->param, t->param_dtype, corr, corr_bytes, i);
     }
-    if (!status && t->on_gpu) status = bnb8_cuda_copy(t->correction, hm, mbytes, 1);
-    free(hw); free(hm);
-    return status;
+    return BNB8_OK;
 }
 
 bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
@@ -729,8 +790,9 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
                          t.on_gpu ? "GPU" : "host");
     t.offset = t.cfg.shard_offset;
     t.total = t.cfg.shard_total ? t.cfg.shard_total : n;
-    // the whole tensor's format: every shard of it has the same states
-    t.format = t.cfg.format != BNB8_STATE_32BIT && t.total >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
+    // the whole tensor's format: every shard of it has the same states; a stack of tensors, each's size
+    int64_t each = t.cfg.stacked > 1 ? t.total / t.cfg.stacked : t.total;
+    t.format = t.cfg.format != BNB8_STATE_32BIT && each >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
     if ((status = bnb8_check_shard(fn, opt->kind, &t, name))) return status;
     for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
@@ -757,7 +819,7 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
     bnb8_layout_states(&t);
     // An fp32 master starts as the weights it stands beside, widened (exact): left zeroed, the first
     // step would write zero into every weight. An import_fp32 afterwards replaces it.
-    if (t.correction_bytes == 4 && (status = bnb8_master_from_weights(&t))) {
+    if (t.correction_bytes == 4 && (status = bnb8_masters_in_place(&t, NULL, 0, (float *)t.correction, 0))) {
         if (t.on_gpu) bnb8_cuda_free(t.memory); else free(t.memory);
         return status;
     }
@@ -809,12 +871,25 @@ int64_t bnb8_optimizer_step_count(const bnb8_optimizer *opt, int id) {
     return opt && id >= 0 && id < opt->num_tensors ? opt->tensors[id].step : -1;
 }
 
-int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt) {
-    if (!opt) return 0;
-    int64_t count = opt->nonfinite, on_gpu = 0;
+bnb8_status bnb8_optimizer_set_step_count(bnb8_optimizer *opt, int id, int64_t count) {
+    const char *fn = "bnb8_optimizer_set_step_count";
+    if (!opt) return bnb8_fail(BNB8_ERR_NULL, "%s: opt is NULL", fn);
+    if (id < -1 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
+    if (count < 0 || count > BNB8_MAX_ELEMENTS)   // the state file's limit: stepping on could overflow
+        return bnb8_fail(BNB8_ERR_ARG, "%s: count %lld not in 0..2^52", fn, (long long)count);
+    for (int i = 0; i < opt->num_tensors; i++)
+        if (id == -1 || id == i) opt->tensors[i].step = count;
+    return BNB8_OK;
+}
+
+bnb8_status bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt, int64_t *count) {
+    if (!opt || !count) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_take_nonfinite: opt or count is NULL");
+    int64_t on_gpu = 0;
+    bnb8_status status = opt->gpu_context ? bnb8_cuda_take_nonfinite(opt->gpu_context, &on_gpu) : BNB8_OK;
+    if (status) return status;   // the host's count stays for the next call
+    *count = opt->nonfinite + on_gpu;
     opt->nonfinite = 0;
-    if (opt->gpu_context && bnb8_cuda_take_nonfinite(opt->gpu_context, &on_gpu) == BNB8_OK) count += on_gpu;
-    return count;
+    return BNB8_OK;
 }
 
 bnb8_status bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out) {
@@ -842,60 +917,44 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads) {
     return m;
 }
 
-// Export and import of the fp32 master (DESIGN.md §6.5). GPU tensors go through host copies and the same
-// CPU functions, so the result does not depend on the device.
+// Export and import of the fp32 master (DESIGN.md §6.5), for fp32 values in host memory or, for a
+// GPU tensor, device memory. A GPU tensor's masters with host values go through host copies of its
+// weights and correction (device memory of the tensor's size is not asked for); the per-element
+// functions are one, so the bits do not depend on the path.
+static bnb8_status bnb8_masters(const char *fn, const bnb8_tensor *t, float *fp32, int to_weights) {
+    int fp32_on_gpu = bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(fp32);
+    if (fp32_on_gpu && !t->on_gpu)
+        return bnb8_fail(BNB8_ERR_DEVICE, "%s: '%s' is in host memory, its fp32 values in GPU memory", fn, t->name);
+    if (fp32_on_gpu || !t->on_gpu) return bnb8_masters_in_place(t, t->correction, t->correction_bytes, fp32, to_weights);
+    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
+    bnb8_tensor host = *t;
+    host.on_gpu = 0;
+    host.param = malloc(wbytes);
+    host.correction = cbytes ? malloc(cbytes) : NULL;
+    bnb8_status status = host.param && (host.correction || !cbytes) ? BNB8_OK
+                       : bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of '%s'", fn, t->name);
+    if (!status && !to_weights) status = bnb8_cuda_copy(host.param, t->param, wbytes, 0);
+    if (!status && !to_weights && cbytes) status = bnb8_cuda_copy(host.correction, t->correction, cbytes, 0);
+    if (!status) status = bnb8_masters_in_place(&host, host.correction, t->correction_bytes, fp32, to_weights);
+    if (!status && to_weights) status = bnb8_cuda_copy(t->param, host.param, wbytes, 1);
+    if (!status && to_weights && cbytes) status = bnb8_cuda_copy(t->correction, host.correction, cbytes, 1);
+    free(host.param);
+    free(host.correction);
+    return status;
+}
+
 bnb8_status bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out) {
     const char *fn = "bnb8_optimizer_export_fp32";
     if (!opt || !out) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or out is NULL", fn);
     if (id < 0 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
-    const bnb8_tensor *t = &opt->tensors[id];
-    if (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(out))
-        return bnb8_fail(BNB8_ERR_DEVICE, "%s: out must be host memory", fn);
-    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
-    const void *param = t->param, *corr = t->correction;
-    void *hp = NULL, *hc = NULL;
-    bnb8_status status = BNB8_OK;
-    if (t->on_gpu) {
-        hp = malloc(wbytes);
-        hc = cbytes ? malloc(cbytes) : NULL;
-        if (!hp || (cbytes && !hc)) status = bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of '%s'", fn, t->name);
-        if (!status) status = bnb8_cuda_copy(hp, t->param, wbytes, 0);
-        if (!status && cbytes) status = bnb8_cuda_copy(hc, t->correction, cbytes, 0);
-        param = hp; corr = hc;
-    }
-    if (!status) {
-        #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < t->n; i++) out[i] = bnb8_master_load(param, t->param_dtype, corr, t->correction_bytes, i);
-    }
-    free(hp); free(hc);
-    return status;
+    return bnb8_masters(fn, &opt->tensors[id], out, 0);
 }
 
 bnb8_status bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in) {
     const char *fn = "bnb8_optimizer_import_fp32";
     if (!opt || !in) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or in is NULL", fn);
     if (id < 0 || id >= opt->num_tensors) return bnb8_fail(BNB8_ERR_ARG, "%s: no tensor %d", fn, id);
-    bnb8_tensor *t = &opt->tensors[id];
-    if (bnb8_cuda_linked() && bnb8_cuda_is_device_pointer(in))
-        return bnb8_fail(BNB8_ERR_DEVICE, "%s: in must be host memory", fn);
-    size_t wbytes = bnb8_dtype_size(t->param_dtype) * (size_t)t->n, cbytes = (size_t)t->correction_bytes * (size_t)t->n;
-    void *param = t->param, *corr = t->correction;
-    bnb8_status status = BNB8_OK;
-    if (t->on_gpu) {
-        param = malloc(wbytes);
-        corr = cbytes ? malloc(cbytes) : NULL;
-        if (!param || (cbytes && !corr)) status = bnb8_fail(BNB8_ERR_NOMEM, "%s: host copy of '%s'", fn, t->name);
-    }
-    if (!status) {
-        #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < t->n; i++) bnb8_master_store(param, t->param_dtype, corr, t->correction_bytes, i, in[i]);
-    }
-    if (t->on_gpu) {
-        if (!status) status = bnb8_cuda_copy(t->param, param, wbytes, 1);
-        if (!status && cbytes) status = bnb8_cuda_copy(t->correction, corr, cbytes, 1);
-        free(param); free(corr);
-    }
-    return status;
+    return bnb8_masters(fn, &opt->tensors[id], (float *)in, 1);   // read only: to_weights stores into the tensor
 }
 
 // Tensor t's learning rate when the step's is lr: lr * c->lr / base->lr in double, exactly lr when
@@ -1212,8 +1271,9 @@ bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int
     if (count < 0) return bnb8_fail(BNB8_ERR_SIZE, "%s: count %d < 0", fn, count);
     if (!bnb8_isfinite(lr) || !(lr >= 0.0f))
         return bnb8_fail(BNB8_ERR_ARG, "%s: lr %g must be finite and >= 0", fn, (double)lr);
-    if (!bnb8_isfinite(gnorm_scale) || !(gnorm_scale > 0.0f))
-        return bnb8_fail(BNB8_ERR_ARG, "%s: gnorm_scale %g must be finite and > 0", fn, (double)gnorm_scale);
+    if (!(gnorm_scale >= 0.0f))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: gnorm_scale %g must be >= 0 (0: a zero gradient; inf: every element "
+                         "left unchanged)", fn, (double)gnorm_scale);
     int gpu_tensors = 0;
     bnb8_status status = BNB8_OK;
     uint8_t *seen = (uint8_t *)calloc((size_t)opt->num_tensors + 1, 1);   // a tensor stepped twice in one call
@@ -1522,6 +1582,13 @@ bnb8_status bnb8_optimizer_file_digest(const char *path, uint64_t *digest) {
     return status;
 }
 
+bnb8_status bnb8_optimizer_write(const bnb8_optimizer *opt, FILE *f) {
+    if (!opt || !f) return bnb8_fail(BNB8_ERR_NULL, "bnb8_optimizer_write: opt or f is NULL");
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "bnb8_optimizer_write: big-endian hosts are not supported");
+    int status = bnb8_state_writer(f, opt);
+    return status > 0 ? (bnb8_status)status : status < 0 ? bnb8_fail(BNB8_ERR_IO, "bnb8_optimizer_write: a write failed") : BNB8_OK;
+}
+
 FILE *bnb8_open_regular(const char *path, const char *who) {
     int fd = open(path, O_RDONLY | O_NONBLOCK);   // non-blocking: a FIFO would wait for a writer
     if (fd < 0) { bnb8_fail(BNB8_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno)); return NULL; }
@@ -1538,12 +1605,10 @@ FILE *bnb8_open_regular(const char *path, const char *who) {
     return f;
 }
 
-bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
-    const char *fn = "bnb8_optimizer_load";
-    if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
-    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
-    FILE *f = bnb8_open_regular(path, fn);
-    if (!f) return BNB8_ERR_IO;
+// One state (DESIGN.md §7) read from f's position into the optimizer, or nothing changed; the
+// messages name path (a file's, or "the stream"). f is left after the state's last byte; whole: f
+// must end there (a file of bnb8_optimizer_save), checked before anything changes.
+static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn, const char *path, int whole) {
     ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
@@ -1634,8 +1699,7 @@ bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
         if (stored_crc != record_crc) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s': CRC mismatch", fn, path, name);
         if (!status && restored > file_weights) bnb8_weights_from_master(t, staged[i]);
     }
-    if (!status && fgetc(f) != EOF) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has bytes after its last tensor", fn, path);
-    fclose(f);
+    if (!status && whole && fgetc(f) != EOF) status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s has bytes after its last tensor", fn, path);
     // Every record is valid: only now change the optimizer.
     for (ptrdiff_t i = 0; !status && i < count; i++) {
         bnb8_tensor *t = &opt->tensors[i];
@@ -1653,5 +1717,23 @@ bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
     for (ptrdiff_t i = 0; staged && i < count; i++) free(staged[i]);
     free(staged);
     free(steps);
+    return status;
+}
+
+bnb8_status bnb8_optimizer_read(bnb8_optimizer *opt, FILE *f) {
+    const char *fn = "bnb8_optimizer_read";
+    if (!opt || !f) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or f is NULL", fn);
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
+    return bnb8_state_read(opt, f, fn, "the stream", 0);
+}
+
+bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path) {
+    const char *fn = "bnb8_optimizer_load";
+    if (!opt || !path) return bnb8_fail(BNB8_ERR_NULL, "%s: opt or path is NULL", fn);
+    if (!bnb8_little_endian()) return bnb8_fail(BNB8_ERR_IO, "%s: big-endian hosts are not supported", fn);
+    FILE *f = bnb8_open_regular(path, fn);
+    if (!f) return BNB8_ERR_IO;
+    bnb8_status status = bnb8_state_read(opt, f, fn, path, 1);
+    fclose(f);
     return status;
 }

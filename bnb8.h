@@ -1,5 +1,5 @@
 /*
-bnb8.h — 8-bit optimizers in C and CUDA, version 1.0.0
+bnb8.h — 8-bit optimizers in C and CUDA, version 2.0.0
 Copyright (c) 2026 the bnb8 authors, MIT licence (LICENSE)
 SPDX-License-Identifier: MIT
 
@@ -98,10 +98,10 @@ extern "C" {
 #endif
 
 // ==== [api.status] version, dtypes, status codes, limits, error messages =========================
-#define BNB8_VERSION_MAJOR 1
+#define BNB8_VERSION_MAJOR 2
 #define BNB8_VERSION_MINOR 0
 #define BNB8_VERSION_PATCH 0
-#define BNB8_VERSION_STRING "1.0.0"
+#define BNB8_VERSION_STRING "2.0.0"
 
 // BNB8_E6M10: flash group scales only (cfg.scale_dtype): an unsigned 16-bit float, 6 exponent bits
 // (bias 40), 10 mantissa bits, 2^-49 .. BNB8_E6M10_MAX, no inf or NaN (DESIGN.md §6.2).
@@ -190,6 +190,9 @@ typedef struct {
                                  // per tensor (the paper's ablation; two passes per step)
     bnb8_map map;                // 8-bit: dynamic (default) or linear; a GPU tensor keeps the optimizer's
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
+    int64_t stacked;             // a tensor that stacks this many logical tensors (a trainer that keeps
+                                 // its L layers' layernorms in one tensor, as llm.c does): min_8bit_size
+                                 // applies to each, n / stacked elements (default 0: one tensor)
     int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
                                  // bytes, 0 (none), 1 (int8), 2 (int16), 4 (an fp32 master), or
                                  // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none.
@@ -201,7 +204,7 @@ typedef struct {
                                  // read back with bnb8_optimizer_sum_squares (default 0); see it for the order
     const float *gnorm_scale_at; // NULL (default), or a float by which each step multiplies its gnorm_scale, read
                                  // as the step runs: in the tensor's memory (GPU: device memory, read in stream
-                                 // order, so a kernel before the step may write it). Must be finite and > 0
+                                 // order, so a kernel before the step may write it). >= 0, as gnorm_scale
     int64_t shard_offset;        // a shard (data parallel, ZeRO-1; DESIGN.md §5.6): the tensor added is elements
     int64_t shard_total;         // [shard_offset, shard_offset + n) of one of shard_total; 0 (default): whole
 } bnb8_config;
@@ -214,8 +217,15 @@ bnb8_config bnb8_config_default(bnb8_optim kind);
 bnb8_status bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const bnb8_config *cfg);
 // Frees the optimizer and the states it owns (not the tensors).
 void bnb8_optimizer_free(bnb8_optimizer *opt);
-// Gives the tensor called name its own configuration (any field; its lr follows the base lr's
-// schedule). Call before bnb8_optimizer_add of that name.
+// Gives the tensor called name its own configuration (its lr follows the base lr's schedule).
+// Before bnb8_optimizer_add of that name: any field. After it: the hyperparameters (lr, beta1,
+// beta2, beta3, eps, weight_decay, momentum, dampening, nesterov, alpha, t_alpha, t_beta3,
+// max_unorm, gnorm_scale_at) change from the next step; the fields that lay out its states (format,
+// blocksize, map, min_8bit_size, stacked, correction_bytes, scale_dtype, percentile_clipping,
+// sum_squares, shard_offset, shard_total) must be the tensor's own, or the call is refused naming the
+// field. name NULL: cfg's hyperparameters for every tensor added and every later one, each keeping
+// its layout (cfg's layout fields must be the optimizer's): a trainer that passes its betas, eps or
+// weight decay each step calls this with its creation config, changed there.
 bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
 // Registers a tensor of n elements; its states are allocated where param lives (CPU or GPU). grad
 // may be NULL until set; *id (may be NULL) receives its index.
@@ -232,7 +242,10 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
 // Points tensor id at another gradient buffer (gradient release reuses buffers).
 bnb8_status bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
 // One step of every tensor at learning rate lr, gradients scaled by gnorm_scale (1 = none). GPU
-// tensors: one launch on stream (NULL = default), not synchronized.
+// tensors: one launch on stream (NULL = default), not synchronized. gnorm_scale >= 0: 0 steps with
+// a zero gradient (the clip factor of an infinite norm: moments decay, weight decay applies); an
+// element whose scaled gradient is not finite (inf x g, 0 x inf) is left unchanged and counted
+// (bnb8_optimizer_take_nonfinite). NaN or negative is refused.
 bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
 // One step of the count tensors in ids only; each tensor keeps its own step count.
 bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
@@ -241,8 +254,9 @@ bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int
 // their step's result was not (a finite gradient whose new weight, in the weights' dtype, or new
 // state would be NaN or Inf: an overflow); resets the count. Either way the element keeps its
 // weight, correction and states, so nothing non-finite spreads; a count above 0 is the caller's
-// signal to skip or stop.
-int64_t bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt);
+// signal to skip or stop. *count: the number (GPU: waits for the device; a failed copy is an error,
+// never a count of 0).
+bnb8_status bnb8_optimizer_take_nonfinite(bnb8_optimizer *opt, int64_t *count);
 // out[id] (bnb8_optimizer_count doubles): tensor id's sum of g^2 at its latest step (cfg.sum_squares; else 0),
 // summed in one fixed order, the same bits on CPU and GPU (DESIGN.md §5.4). GPU: waits for the device.
 // A shard's sum is of its own elements: ranks add theirs in rank order (the same bits on every rank
@@ -251,6 +265,10 @@ bnb8_status bnb8_optimizer_sum_squares(const bnb8_optimizer *opt, double *out);
 // The number of tensors; the step count of tensor id (-1 when there is none).
 int bnb8_optimizer_count(const bnb8_optimizer *opt);
 int64_t bnb8_optimizer_step_count(const bnb8_optimizer *opt, int id);
+// Sets tensor id's step count (id -1: every tensor's), 0..2^52: its next step is count + 1 (bias
+// corrections, AdEMAMix's schedules). For a trainer that numbers its own steps, as llm.c does, and
+// skips some without calling step.
+bnb8_status bnb8_optimizer_set_step_count(bnb8_optimizer *opt, int id, int64_t count);
 
 // Persistent bytes of the registered tensors (the trainer's bytes-per-parameter report, DESIGN.md §8.6);
 // of a shard, its own n elements (a rank's share).
@@ -272,10 +290,18 @@ bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
 // A digest of a file of bnb8_optimizer_save from its header and records' CRC-32s, their data seeked
 // over (not such a file: BNB8_ERR_FORMAT); a trainer stores it beside its own state to bind the two.
 bnb8_status bnb8_optimizer_file_digest(const char *path, uint64_t *digest);
-// The fp32 master of tensor id into out (n floats, host memory, also for GPU tensors).
+// The same bytes written to / read from an open stream at its position, for a trainer that keeps
+// the optimizer inside its own checkpoint file (or memory: fmemopen, open_memstream). write does not
+// flush or close f; read stops after the state's last byte (what follows is the caller's) and on
+// any error changes nothing (f's position is then undefined).
+bnb8_status bnb8_optimizer_write(const bnb8_optimizer *opt, FILE *f);
+bnb8_status bnb8_optimizer_read(bnb8_optimizer *opt, FILE *f);
+// The fp32 master of tensor id into out (n floats): host memory, or for a GPU tensor also device
+// memory (then computed there, without a copy through the host; the same bits). Waits for the device.
 bnb8_status bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
-// Sets tensor id's weights and correction from n fp32 masters in host memory (RNE + correction;
-// import(export(w)) may move a corrected weight by one bf16 ulp, DESIGN.md §6.5).
+// Sets tensor id's weights and correction from n fp32 masters in (host memory, or device memory for a
+// GPU tensor, as export): RNE + correction; import(export(w)) may move a corrected weight by one bf16
+// ulp (DESIGN.md §6.5). Not needed to start: bnb8_optimizer_add starts every master at its weights.
 bnb8_status bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
 
 // ==== [api.flash] master weight correction and companded states as arrays (DESIGN.md §6) =========
@@ -1046,6 +1072,11 @@ int bnb8_cuda_is_device_pointer(const void *p);
 bnb8_status bnb8_cuda_alloc_zeroed(void **p, size_t bytes);
 void bnb8_cuda_free(void *p);
 bnb8_status bnb8_cuda_copy(void *dst, const void *src, size_t bytes, int to_device);
+// fp32 masters of a GPU tensor, all in device memory: to_weights 1 stores fp32 into param + corr
+// (bnb8_master_store), 0 loads them into fp32 (bnb8_master_load; corr_bytes 0: the weights widened).
+// Waits for the device.
+bnb8_status bnb8_cuda_masters(void *param, bnb8_dtype dtype, void *corr, int corr_bytes, int64_t n, float *fp32,
+                              int to_weights);
 
 #ifdef __cplusplus
 }

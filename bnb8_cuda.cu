@@ -467,6 +467,26 @@ extern "C" bnb8_status bnb8_cuda_copy(void *dst, const void *src, size_t bytes, 
                             cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
 }
 
+// fp32 masters <-> weights and correction, element by element with the CPU's functions (the same bits).
+__global__ void bnb8_masters_kernel(void *param, bnb8_dtype dtype, void *corr, int corr_bytes, int64_t n, float *fp32,
+                                    int to_weights) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (to_weights) bnb8_master_store(param, dtype, corr, corr_bytes, i, fp32[i]);
+        else fp32[i] = bnb8_master_load(param, dtype, corr, corr_bytes, i);
+    }
+}
+
+extern "C" bnb8_status bnb8_cuda_masters(void *param, bnb8_dtype dtype, void *corr, int corr_bytes, int64_t n, float *fp32,
+                                         int to_weights) {
+    const char *fn = "bnb8_cuda_masters";
+    int64_t blocks = (n + BNB8_THREADS - 1) / BNB8_THREADS;
+    unsigned grid = blocks < 65536 ? (unsigned)blocks : 65536u;   // a grid-stride loop covers the rest
+    // on the legacy default stream, which waits for the caller's blocking streams' earlier work
+    bnb8_masters_kernel<<<grid, BNB8_THREADS>>>(param, dtype, corr, corr_bytes, n, fp32, to_weights);
+    bnb8_status status = bnb8_cuda_status(fn, cudaGetLastError());
+    return status ? status : bnb8_cuda_status(fn, cudaDeviceSynchronize());
+}
+
 // ------------------------------------------------------------------------------------------------
 // Optimizer step: every tensor of a step in one launch (DESIGN.md §10). The tensors are cut into
 // chunks of R rows (R = 2, or 4 when a tensor has 4096-element blocks); a persistent grid takes the

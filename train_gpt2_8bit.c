@@ -401,7 +401,9 @@ static int train_step(Trainer *t, float lr, float *loss, double *norm, int *skip
     }
     if (nccl_mean_loss(t, loss)) return -1;
     if (t->dev->step(t, lr, norm, skipped)) return -1;
-    *unchanged = *skipped ? 0 : bnb8_optimizer_take_nonfinite(t->opt);
+    *unchanged = 0;
+    if (!*skipped && bnb8_optimizer_take_nonfinite(t->opt, unchanged)) return train_fail("optimizer: %s", bnb8_last_error());
+    if (nccl_total_count(t, unchanged)) return -1;   // each rank counts its shards'; the stop is the ranks'
     if (*unchanged && t->a.verbose)
         printf("step %lld: %lld elements with a non-finite gradient or update left unchanged\n", (long long)t->step, (long long)*unchanged);
     return 0;

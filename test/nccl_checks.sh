@@ -24,18 +24,18 @@
 #      and of the host. Up to 4 GPUs d72 (7.3e9), 3 steps; on 8, 10 steps of d64c6400 (31.8e9) where a
 #      GPU holds 120 GB or more (H200), else d56c6400 (27.9e9). Parts 2-5 run without release (-R 0:
 #      -A N on one GPU needs it; -N exact). On 8 GPUs the parts take more than one call of 10 minutes:
-#      CHECKS="one ranks release resume", then "scale", then "largest".
+#      CHECKS="one ranks release stop resume", then "scale", then "largest".
 #
 #   bash test/nccl_checks.sh            # builds with make, runs everything
 #   NG=2 bash test/nccl_checks.sh       # only 2 GPUs of the machine
-#   CHECKS="scale largest" bash test/nccl_checks.sh   # parts: one (1), ranks (2), release (2b), resume (3-4), scale (5), largest (6)
+#   CHECKS="scale largest" bash test/nccl_checks.sh   # parts: one (1), ranks (2), release (2b), stop (2c), resume (3-4), scale (5), largest (6)
 # Logs go to $OUT (the device tool's output folder) or build/nccl_checks; those worth keeping, with the
 # printed output, to dev/results/nccl/logs/nccl_checks/<gpu>x<count>_<yyyymmdd>_<commit>/
 # (dev/results/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/nccl_checks}
-CHECKS=${CHECKS:-"one ranks release resume scale largest"}
+CHECKS=${CHECKS:-"one ranks release stop resume scale largest"}
 on() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
@@ -92,6 +92,25 @@ for N in 2 4 8; do
         l1=$(loss_at "$OUT/${n}1_N$N.log.0" 30); l0=$(loss_at "$OUT/${n}0_N$N.log.0" 30)
         row "d12 flash 30 steps on $N ranks, -N $n -g $g: release vs none" "every loss and norm equal: $same; at 30: $l1 vs $l0, gap $(awk -v a="${l0:-nan}" -v b="${l1:-nan}" 'BEGIN { printf "%+.4f", b - a }'); clipped $(grep -a -c ' clipped' "$OUT/${n}1_N$N.log.0") / $(grep -a -c ' clipped' "$OUT/${n}0_N$N.log.0") ($((SECONDS - t)) s)"
     done
+    fi
+    # 2c. the stop after 10 bad steps in a row is the ranks' (each counts the elements its shards left
+    #     unchanged; the stop reads their total): a run diverged on purpose (SGD at -l 1000, -N prev: an update may overflow on one rank first) ends on every
+    #     rank, at the same steps, each rank on its own (not ended by another's failure: a rank left
+    #     behind would wait in its next exchange until the timeout)
+    if on stop; then
+    t=$SECONDS
+    pids=""
+    for r in $(seq 0 $((N - 1))); do
+        BNB8_RANKS=$N BNB8_RANK=$r BNB8_LOCAL_RANK=$r BNB8_NCCL_ID="$OUT/nccl_id.stop$N" timeout 120 "$TRAIN" \
+            -e d2c128h4 -w 0 -r 8bit -R 0 -b 4 -t 64 -v 0 -G 0 -n 40 -p sgd -l 1000 -u 0 -g 0 -N prev > "$OUT/stop_N$N.log.$r" 2>&1 &
+        pids="$pids $!"
+    done
+    codes=""; for p in $pids; do wait "$p"; codes="$codes $?"; done
+    steps=$(for r in $(seq 0 $((N - 1))); do grep -a '^error' "$OUT/stop_N$N.log.$r" | grep -o 'steps [0-9]*\.\.[0-9]*' | head -n 1; done | sort -u | tr '\n' ' ')
+    grep -a -h '^error' "$OUT/stop_N$N.log.0" | cut -c 1-160
+    together=NO; [ "$(echo $codes)" = "$(printf '1 %.0s' $(seq 1 "$N") | sed 's/ $//')" ] && [ "$(echo $steps | wc -w)" -eq 1 ] && together=yes
+    row "diverged run on $N ranks: the 10-bad-steps stop" "every rank stopped, at the same steps: $together (exit codes$codes; $steps) ($((SECONDS - t)) s)"
+    rm -f "$OUT/nccl_id.stop$N"
     fi
     if on resume; then
     # 3. checkpoint at 10, resume to 20, against 20 straight steps

@@ -16,6 +16,7 @@ The CPU suite's main is test/test_main.c; test/test_gpu.cu and test/test_gpt2_cu
 #ifndef BNB8_TEST_H
 #define BNB8_TEST_H
 
+#include "bnb8.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <math.h>
@@ -85,6 +86,7 @@ void tests_resume(void);
 void tests_export(void);
 void tests_threads(void);
 void tests_messages(void);
+void tests_api(void);
 
 // CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state
 // files (DESIGN.md §7) whose CRCs must still be right.
@@ -100,6 +102,13 @@ static inline uint32_t test_crc32(const uint8_t *p, size_t len) {
 // A version-2 optimizer state file rewritten as version 1 (the layout before every tensor's weights
 // were in it), for the tests that old files still load; NULL if v2 does not parse.
 uint8_t *test_state_file_v1(const uint8_t *v2, size_t size, size_t *out_size);
+
+// The elements an optimizer left unchanged since the last take (bnb8_optimizer_take_nonfinite), or
+// -1 when the call failed: every comparison with a count then fails.
+static inline int64_t test_take_nonfinite(bnb8_optimizer *opt) {
+    int64_t count = -1;
+    return bnb8_optimizer_take_nonfinite(opt, &count) == BNB8_OK ? count : -1;
+}
 
 // Removes everything below dir, and dir itself when and_dir (the tests' and fuzzers' scratch).
 static inline void test_remove_tree(const char *dir, int and_dir) {

@@ -774,7 +774,7 @@ static void test_nonfinite(void) {
         for (int64_t i = 0; i < n; i++) g[i] = bnb8_f32_to_bf16((float)(0.01 * test_randn(&rng)));
         EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0, "step: %s", bnb8_last_error());
     }
-    EXPECT(bnb8_optimizer_take_nonfinite(opt) == 0, "finite steps counted non-finite elements");
+    EXPECT(test_take_nonfinite(opt) == 0, "finite steps counted non-finite elements");
     size_t s1, s2;
     uint8_t *f1 = save_and_read(opt, "nf1.bin", &s1);
     memcpy(p_before, p, 2 * n);
@@ -786,7 +786,7 @@ static void test_nonfinite(void) {
         bad_count += BAD(i);
     }
     EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0, "step: %s", bnb8_last_error());
-    int64_t counted = bnb8_optimizer_take_nonfinite(opt);
+    int64_t counted = test_take_nonfinite(opt);
     EXPECT(counted == bad_count, "counted %lld non-finite elements, expected %lld", (long long)counted, (long long)bad_count);
     uint8_t *f2 = save_and_read(opt, "nf2.bin", &s2);
     frecord r1, r2;
@@ -1615,7 +1615,7 @@ static void test_nonfinite_across_tensors(void) {
             for (int64_t i = 0; i < sizes[j]; i++) want += !isfinite(g[j][i]);
         }
         ok = bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0;
-        int64_t got = bnb8_optimizer_take_nonfinite(opt);
+        int64_t got = test_take_nonfinite(opt);
         EXPECT(ok && got == want, "step %d: %lld non-finite gradients counted, %lld in the %d tensors (%s)", s,
                (long long)got, (long long)want, T, ok ? "" : bnb8_last_error());
     }

@@ -247,7 +247,7 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         }
     }
     CUDA_CHECK(cudaDeviceSynchronize());
-    int64_t bad_cpu = bnb8_optimizer_take_nonfinite(cpu), bad_gpu = bnb8_optimizer_take_nonfinite(gpu);
+    int64_t bad_cpu = test_take_nonfinite(cpu), bad_gpu = test_take_nonfinite(gpu);
     EXPECT(bad_cpu == bad_gpu && bad_cpu > 0, "non-finite counts cpu %lld gpu %lld", (long long)bad_cpu, (long long)bad_gpu);
     double worst = 0.0;
     int exports_equal = 1;
@@ -517,6 +517,59 @@ static void test_master_starts_at_weights(void) {
     cudaFree(dg);
 }
 
+// fp32 masters to and from device memory: for every correction (none, int8, int16, fp32 master)
+// and weight dtype, import_fp32 of device values gives the weights and correction that import of the
+// same host values gives, and export_fp32 into device memory the host export's floats, bit for bit
+// (the outputs poisoned first). A CPU tensor with device values is refused.
+static void test_masters_in_device_memory(void) {
+    const int64_t n = 2 * 4096 + 333;
+    const int corrections[4] = {0, 1, 2, 4};
+    std::vector<float> x(n), out_host(n), out_dev(n);
+    std::vector<uint8_t> w_host(4 * n), w_dev(4 * n), c_host(4 * n), c_dev(4 * n);
+    float *dx = NULL, *dout = NULL, *dg = NULL;
+    CUDA_CHECK(cudaMalloc(&dx, sizeof(float) * n));
+    CUDA_CHECK(cudaMalloc(&dout, sizeof(float) * n));
+    CUDA_CHECK(cudaMalloc(&dg, sizeof(float) * n));
+    for (int run = 0; run < 8; run++) {
+        int cb = corrections[run % 4];
+        bnb8_dtype pdt = run < 4 ? BNB8_BF16 : BNB8_F16;
+        fill_random(x.data(), BNB8_F32, n, 0.5f);
+        CUDA_CHECK(cudaMemcpy(dx, x.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+        bnb8_config c = bnb8_config_default(BNB8_ADAMW);
+        c.correction_bytes = cb;
+        void *dw[2] = {NULL, NULL};
+        bnb8_optimizer *opt[2] = {NULL, NULL};
+        int ok = 1;
+        for (int k = 0; k < 2; k++) {
+            CUDA_CHECK(cudaMalloc(&dw[k], 2 * (size_t)n));
+            CUDA_CHECK(cudaMemset(dw[k], 0, 2 * (size_t)n));
+            ok = ok && bnb8_optimizer_create(&opt[k], BNB8_ADAMW, &c) == 0 &&
+                 bnb8_optimizer_add(opt[k], "w", dw[k], pdt, dg, BNB8_F32, n, NULL) == 0;
+        }
+        ok = ok && bnb8_optimizer_import_fp32(opt[0], 0, x.data()) == 0 && bnb8_optimizer_import_fp32(opt[1], 0, dx) == 0;
+        EXPECT(ok, "correction %d %s: import: %s", cb, dtype_name(pdt), bnb8_last_error());
+        CUDA_CHECK(cudaMemcpy(w_host.data(), dw[0], 2 * (size_t)n, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(w_dev.data(), dw[1], 2 * (size_t)n, cudaMemcpyDeviceToHost));
+        EXPECT(memcmp(w_host.data(), w_dev.data(), 2 * (size_t)n) == 0, "correction %d %s: weights of a device import differ", cb, dtype_name(pdt));
+        // the corrections show in the exports: the masters of both must match bit for bit
+        CUDA_CHECK(cudaMemset(dout, 0xff, sizeof(float) * n));
+        std::fill(out_host.begin(), out_host.end(), NAN);
+        ok = ok && bnb8_optimizer_export_fp32(opt[0], 0, out_host.data()) == 0 && bnb8_optimizer_export_fp32(opt[1], 0, dout) == 0;
+        EXPECT(ok, "correction %d %s: export: %s", cb, dtype_name(pdt), bnb8_last_error());
+        CUDA_CHECK(cudaMemcpy(out_dev.data(), dout, sizeof(float) * n, cudaMemcpyDeviceToHost));
+        EXPECT(memcmp(out_host.data(), out_dev.data(), sizeof(float) * n) == 0, "correction %d %s: a device export differs", cb, dtype_name(pdt));
+        if (cb == 4) EXPECT(memcmp(out_dev.data(), x.data(), sizeof(float) * n) == 0, "%s: an fp32 master is not its import", dtype_name(pdt));
+        for (int k = 0; k < 2; k++) { bnb8_optimizer_free(opt[k]); cudaFree(dw[k]); }
+    }
+    std::vector<float> hw(n), hg(n);
+    bnb8_optimizer *cpu = NULL;
+    EXPECT(bnb8_optimizer_create(&cpu, BNB8_ADAMW, NULL) == 0 && bnb8_optimizer_add(cpu, "w", hw.data(), BNB8_F32, hg.data(), BNB8_F32, n, NULL) == 0 &&
+           bnb8_optimizer_import_fp32(cpu, 0, dx) == BNB8_ERR_DEVICE && bnb8_optimizer_export_fp32(cpu, 0, dout) == BNB8_ERR_DEVICE,
+           "a CPU tensor with device fp32 values: not refused (%s)", bnb8_last_error());
+    bnb8_optimizer_free(cpu);
+    cudaFree(dx); cudaFree(dout); cudaFree(dg);
+}
+
 // The approximation the fast flash path may use (bnb8.h: bnb8_rcp_approx within 1 ulp of the
 // correctly rounded value), measured on every float of [1, 4): the hardware scales the exponent,
 // so these binades stand for the normal range.
@@ -776,7 +829,7 @@ static void shard_gpu_case(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdt, int
         EXPECT(ok, "%s: step %d: %s", label, step, bnb8_last_error());
     }
     CUDA_CHECK(cudaMemcpy(back.data(), pd, bytes, cudaMemcpyDeviceToHost));
-    int64_t nw = bnb8_optimizer_take_nonfinite(whole), nc = bnb8_optimizer_take_nonfinite(cpu), ng = bnb8_optimizer_take_nonfinite(gpu);
+    int64_t nw = test_take_nonfinite(whole), nc = test_take_nonfinite(cpu), ng = test_take_nonfinite(gpu);
     EXPECT(nw == nc && nc == ng && nw > 0, "%s: non-finite counts whole %lld, CPU shards %lld, GPU shards %lld", label,
            (long long)nw, (long long)nc, (long long)ng);
     EXPECT(memcmp(pw.data(), ps.data(), bytes) == 0, "%s: the CPU shards' weights differ from the whole tensor's", label);
@@ -843,6 +896,7 @@ int main(void) {
     test_run("flash: 100 steps, GPU equals CPU for every flash optimizer x weight dtype x correction x scale dtype", test_flash_parity);
     test_run("master weights: 100 steps, GPU equals CPU for 8-bit and flash states x int8, int16, fp32 masters", test_master_parity);
     test_run("master weights: an fp32 master starts at its bf16/fp16 GPU weights; a zero-gradient step keeps them", test_master_starts_at_weights);
+    test_run("master weights: import and export of fp32 values in device memory equal the host's", test_masters_in_device_memory);
     test_run("optimizers: block sizes, percentile clipping, 148 GPT-2 tensors in one launch, the linear map", test_optimizer_options);
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     test_run("gnorm_scale_at: a device factor written before each step, GPU equals CPU at the products", test_gnorm_scale_at);

@@ -18,5 +18,6 @@ int main(void) {
     tests_resume();
     tests_export();
     tests_messages();
+    tests_api();
     return test_summary();
 }

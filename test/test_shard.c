@@ -168,8 +168,8 @@ static void shard_parity(const shard_case *sc, int N, test_rng *rng) {
         for (int k = 0; ok && k < N; k++) ok = bnb8_optimizer_step(shard[k], lr, scale, NULL) == 0;
         EXPECT(ok, "%s, N %d: step %d: %s", sc->label, N, s, bnb8_last_error());
         int64_t nf = 0;
-        for (int k = 0; k < N; k++) nf += bnb8_optimizer_take_nonfinite(shard[k]);
-        int64_t want = bnb8_optimizer_take_nonfinite(whole);
+        for (int k = 0; k < N; k++) nf += test_take_nonfinite(shard[k]);
+        int64_t want = test_take_nonfinite(whole);
         EXPECT(nf == want, "%s, N %d, step %d: %lld non-finite elements in the shards, %lld whole", sc->label, N, s,
                (long long)nf, (long long)want);
         for (int64_t i = 0; i < total; i++)

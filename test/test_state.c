@@ -652,8 +652,10 @@ static void test_api_misuse(void) {
     if (!opt) return;
     bad = c; bad.blocksize = 96;
     MISUSE(bnb8_optimizer_override(NULL, "x", &c), "override: opt NULL");
-    MISUSE(bnb8_optimizer_override(opt, NULL, &c), "override: name NULL");
+    bad = c; bad.format = BNB8_STATE_FLASH;
+    MISUSE(bnb8_optimizer_override(opt, NULL, &bad), "override of every tensor: another layout");
     MISUSE(bnb8_optimizer_override(opt, "x", NULL), "override: cfg NULL");
+    bad = c; bad.blocksize = 96;
     MISUSE(bnb8_optimizer_override(opt, "x", &bad), "override: blocksize 96");
     bad = c; bad.map = (bnb8_map)7;
     MISUSE(bnb8_optimizer_override(opt, "x", &bad), "override: map 7");
@@ -670,7 +672,8 @@ static void test_api_misuse(void) {
     EXPECT(bnb8_optimizer_count(opt) == 0, "failed adds registered %d tensors", bnb8_optimizer_count(opt));
     EXPECT(bnb8_optimizer_add(opt, "w", p, BNB8_F32, g, BNB8_F32, 300, &id) == 0 && id == 0, "add: %s", bnb8_last_error());
     MISUSE(bnb8_optimizer_add(opt, "w", q, BNB8_F32, g, BNB8_F32, 300, NULL), "add: duplicate name");
-    MISUSE(bnb8_optimizer_override(opt, "w", &c), "override after add");
+    bad = c; bad.blocksize = 512;
+    MISUSE(bnb8_optimizer_override(opt, "w", &bad), "override after add: another block size");
     EXPECT(bnb8_optimizer_add(opt, "nograd", q, BNB8_F32, NULL, BNB8_F32, 300, &id) == 0 && id == 1, "add without grad");
     EXPECT(bnb8_optimizer_count(opt) == 2, "%d tensors, expected 2", bnb8_optimizer_count(opt));
 
@@ -704,7 +707,7 @@ static void test_api_misuse(void) {
     MISUSE(bnb8_optimizer_load(opt, NULL), "load: path NULL");
     EXPECT(bnb8_optimizer_step_count(opt, -1) == -1 && bnb8_optimizer_step_count(opt, 2) == -1 && bnb8_optimizer_step_count(NULL, 0) == -1,
            "steps of a tensor that does not exist");
-    EXPECT(bnb8_optimizer_count(NULL) == 0 && bnb8_optimizer_take_nonfinite(NULL) == 0, "count / take_nonfinite of NULL");
+    EXPECT(bnb8_optimizer_count(NULL) == 0 && bnb8_optimizer_take_nonfinite(NULL, NULL) == BNB8_ERR_NULL, "count / take_nonfinite of NULL");
     bnb8_memory none = bnb8_optimizer_memory(NULL, 1);
     EXPECT(none.params == 0 && none.weights == 0.0 && none.gradients == 0.0 && none.states == 0.0, "memory of NULL");
     bnb8_optimizer_free(NULL);
@@ -782,7 +785,6 @@ static void test_refused_hyperparameters(void) {
     float p0[300];
     memcpy(p0, p, sizeof p);
     MISUSE(bnb8_optimizer_step(opt, -1e-3f, 1.0f, NULL), "step: lr -1e-3");
-    MISUSE(bnb8_optimizer_step(opt, 1e-3f, 0.0f, NULL), "step: gnorm_scale 0");
     MISUSE(bnb8_optimizer_step(opt, 1e-3f, -1.0f, NULL), "step: gnorm_scale -1");
     MISUSE(bnb8_optimizer_step(opt, 1e-3f, NAN, NULL), "step: gnorm_scale NaN");
     MISUSE(bnb8_optimizer_step(opt, 200.0f, 1.0f, NULL), "step: scheduled lr 200 x wd 0.01 = 2");
@@ -818,13 +820,13 @@ static void test_nonfinite_results(void) {
                "format %d: %s", f, bnb8_last_error());
         if (!opt) continue;
         EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0, "format %d: step: %s", f, bnb8_last_error());
-        int64_t bad = bnb8_optimizer_take_nonfinite(opt), moved = 0;
+        int64_t bad = test_take_nonfinite(opt), moved = 0;
         EXPECT(bad == 1, "format %d: %lld elements counted, expected 1 (g = 1e30 at %lld)", f, (long long)bad, (long long)k);
         EXPECT(p[k] == before[k], "format %d: element %lld moved to %g", f, (long long)k, (double)p[k]);
         for (int64_t i = 0; i < n; i++) moved += i != k && p[i] != before[i] && isfinite(p[i]);
         EXPECT(moved == n - 1, "format %d: %lld of %lld other elements stepped to finite values", f, (long long)moved, (long long)(n - 1));
         for (int64_t i = 0; i < n; i++) g[i] = (float)(0.01 * test_randn(&rng));
-        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0 && bnb8_optimizer_take_nonfinite(opt) == 0,
+        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0 && test_take_nonfinite(opt) == 0,
                "format %d: the second step: %s", f, bnb8_last_error());
         int64_t finite = 0;
         for (int64_t i = 0; i < n; i++) finite += isfinite(p[i]) && p[i] != before[i];
@@ -848,7 +850,7 @@ static void test_nonfinite_results(void) {
                "SGD %s: %s", bf16 ? "bf16" : "fp32", bnb8_last_error());
         if (!opt) continue;
         EXPECT(bnb8_optimizer_step(opt, 1.0f, 1.0f, NULL) == 0, "SGD: step: %s", bnb8_last_error());
-        int64_t bad = bnb8_optimizer_take_nonfinite(opt);
+        int64_t bad = test_take_nonfinite(opt);
         float w0 = bnb8_load(param, dt, 0), w1 = bnb8_load(param, dt, 1), w2 = bnb8_load(param, dt, 2);
         EXPECT(bad == 1 && w0 == top && isfinite(w1) && w1 < top && w2 == bnb8_load(param, dt, 3) && w2 != 0.5f,
                "SGD %s weights: %lld counted (expected 1), w0 %g (kept: %g), w1 %g, w2 %g", bf16 ? "bf16" : "fp32",

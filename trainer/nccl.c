@@ -83,6 +83,7 @@ int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream
 }
 void nccl_batch(Trainer *t) { loader_next(&t->loader); }
 int nccl_mean_loss(Trainer *t, float *loss) { (void)t; (void)loss; return 0; }
+int nccl_total_count(Trainer *t, int64_t *count) { (void)t; (void)count; return 0; }
 double nccl_extra_bytes(const Trainer *t) { (void)t; return 0.0; }
 void nccl_print_memory(const Trainer *t) { (void)t; }
 void nccl_free(Trainer *t) { (void)t; }
@@ -443,17 +444,34 @@ static int nccl_gather(Nccl *c, const double *mine, int k, double *all, cudaStre
     return 0;
 }
 
-// *norm: the norm of the step's mean gradient from each rank's sum of squares (mine), added in rank
-// order: the same bits on every rank.
-static int nccl_total(Trainer *t, double mine, double *norm) {
+// *total: every rank's mine added in rank order: the same bits on every rank.
+static int ranks_sum(Trainer *t, double mine, double *total) {
     Nccl *c = t->nccl;
-    double total = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
+    double sum = 0.0, *all = (double *)malloc(sizeof(double) * (size_t)c->ranks);
     if (!all) return train_fail("out of memory");
     int bad = nccl_gather(c, &mine, 1, all, nccl_stream(t));
-    for (int r = 0; !bad && r < c->ranks; r++) total += all[r];
+    for (int r = 0; !bad && r < c->ranks; r++) sum += all[r];
     free(all);
     if (bad) return -1;
+    *total = sum;
+    return 0;
+}
+
+// *norm: the norm of the step's mean gradient from each rank's sum of squares (mine).
+static int nccl_total(Trainer *t, double mine, double *norm) {
+    double total = 0.0;
+    if (ranks_sum(t, mine, &total)) return -1;
     *norm = sqrt(total) / (double)t->a.accum;
+    return 0;
+}
+
+// A count of this rank's own made the ranks' total (exact below 2^53): the run stops on it, and every
+// rank must stop at the same step, or the others wait in their next exchange for ever.
+int nccl_total_count(Trainer *t, int64_t *count) {
+    double total = 0.0;
+    if (!t->nccl) return 0;
+    if (ranks_sum(t, (double)*count, &total)) return -1;
+    *count = (int64_t)total;
     return 0;
 }
 

@@ -26,6 +26,7 @@ int nccl_step(Trainer *t, float lr, double *norm, int *skipped);
 int nccl_release_group(Trainer *t, int g, float lr, float scale, struct CUstream_st *stream);
 void nccl_batch(Trainer *t);                     // this rank's batch (one process: the loader's next)
 int nccl_mean_loss(Trainer *t, float *loss);     // the ranks' mean loss (one process: unchanged)
+int nccl_total_count(Trainer *t, int64_t *count);  // the ranks' total of a count of their own (one process: unchanged)
 double nccl_extra_bytes(const Trainer *t);       // device bytes beyond the optimizer's (one process: 0)
 void nccl_print_memory(const Trainer *t);        // the report's per-GPU lines (one process: none)
 void nccl_free(Trainer *t);
