@@ -13,13 +13,15 @@
 #     step 40 equal byte for byte.
 # Prints a table; logs go to $OUT (the device tool's folder) or build/llmc_check.
 #   bash dev/llmc/check.sh                 # everything (~15 minutes on an H100)
-#   STEPS=200 CHECKS=resume bash dev/llmc/check.sh
+#   STEPS=200 CHECKS=resume RECIPES=flash bash dev/llmc/check.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LLMC=${LLMC:-$ROOT/../shared/llmc}
 OUT=${OUT:-$ROOT/build/llmc_check}
 STEPS=${STEPS:-1000}
 CHECKS=${CHECKS:-"train resume"}
+SEEDS=${SEEDS:-"42 1 2"}                       # llm.c's AdamW
+RECIPES=${RECIPES:-"8bit-int8 flash 8bit-fp32"}   # bnb8's
 on() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -61,15 +63,18 @@ memory() {   # optimizer + master MiB: bnb8's line, or llm.c's three allocations
 in_use() { grep -a -o 'device memory usage: [0-9]* MiB' "$1" | head -n 1 | awk '{ print $4 }'; }
 
 if on train; then
-    for job in "adamw_s42 adamw 42" "adamw_s1 adamw 1" "adamw_s2 adamw 2" "8bit-int8 8bit-int8 42" "flash flash 42" "8bit-fp32 8bit-fp32 42"; do
-        set -- $job
+    jobs=""
+    for seed in $SEEDS; do jobs+="adamw_s$seed:adamw:$seed "; done
+    for recipe in $RECIPES; do jobs+="$recipe:$recipe:42 "; done
+    for job in $jobs; do
+        set -- ${job//:/ }
         t=$SECONDS
         run "$1" "$2" "$3" -x "$STEPS" -v "$STEPS"
         row "$1" "val $(val_loss "$OUT/$1.log") | $(tokens "$OUT/$1.log") tok/s | optimizer+master $(memory "$OUT/$1.log") MiB | GPU in use $(in_use "$OUT/$1.log") MiB ($((SECONDS - t)) s)"
     done
 fi
 if on resume; then
-    for recipe in adamw 8bit-int8 flash 8bit-fp32; do
+    for recipe in adamw $RECIPES; do
         t=$SECONDS
         rm -rf "$OUT/ck_$recipe" "$OUT/re_$recipe"
         run "ck_$recipe" "$recipe" 42 -x 40 -n 20 -v 100 -o "$OUT/ck_$recipe"
