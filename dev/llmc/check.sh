@@ -25,8 +25,9 @@ RECIPES=${RECIPES:-"8bit-int8 flash 8bit-fp32"}   # bnb8's
 on() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-TRAIN_BIN=$(ls "$ROOT"/dev/data/corpus/*train*.bin 2> /dev/null | head -n 1)
-VAL_BIN=$(ls "$ROOT"/dev/data/corpus/*val*.bin 2> /dev/null | head -n 1)
+CORPUS=${CORPUS:-$ROOT/dev/data/corpus}
+TRAIN_BIN=$(ls "$CORPUS"/*train*.bin 2> /dev/null | head -n 1)
+VAL_BIN=$(ls "$CORPUS"/*val*.bin 2> /dev/null | head -n 1)
 [ -n "$TRAIN_BIN" ] && [ -n "$VAL_BIN" ] || { echo "check.sh: no corpus in dev/data/corpus (make corpus, then carry it)"; exit 1; }
 W=$OUT/llmc
 T0=$SECONDS
