@@ -108,7 +108,7 @@ for N in 2 4 8; do
     codes=""; for p in $pids; do wait "$p"; codes="$codes $?"; done
     steps=$(for r in $(seq 0 $((N - 1))); do grep -a '^error' "$OUT/stop_N$N.log.$r" | grep -o 'steps [0-9]*\.\.[0-9]*' | head -n 1; done | sort -u | tr '\n' ' ')
     grep -a -h '^error' "$OUT/stop_N$N.log.0" | cut -c 1-160
-    together=NO; [ "$(echo $codes)" = "$(printf '1 %.0s' $(seq 1 "$N") | sed 's/ $//')" ] && [ "$(echo $steps | wc -w)" -eq 1 ] && together=yes
+    together=NO; [ "$(echo $codes)" = "$(printf '1 %.0s' $(seq 1 "$N") | sed 's/ $//')" ] && [ "$(echo "$steps" | grep -o "steps" | wc -l)" -eq 1 ] && together=yes
     row "diverged run on $N ranks: the 10-bad-steps stop" "every rank stopped, at the same steps: $together (exit codes$codes; $steps) ($((SECONDS - t)) s)"
     rm -f "$OUT/nccl_id.stop$N"
     fi

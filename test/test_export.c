@@ -180,7 +180,7 @@ static char *line_starting(const char *text, const char *prefix) {
 static void tiny_run(TrainArgs *a, const char *model, const char *export_path) {
     train_args_default(a);
     a->val_path = ""; a->tokenizer_path = "";   // the fortunes training tokens: V = GPT-2's 50257
-    a->model = model; a->model_given = 1;
+    a->model = model; a->given['e'] = 1;
     a->B = 2; a->T = 8; a->steps = 1; a->warmup = 1; a->recipe = "fp32";
     a->eval_every = 0; a->gen_tokens = 0; a->verbose = 1;
     a->export_path = export_path;

@@ -10,8 +10,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DIR=${1:?usage: dev/llmc/apply.sh LLMC_DIR}
 [ -f "$DIR/train_gpt2.cu" ] && [ -f "$DIR/Makefile" ] && [ -d "$DIR/llmc" ] || { echo "apply.sh: $DIR is not an llm.c checkout"; exit 1; }
 if grep -q bnb8 "$DIR/train_gpt2.cu" "$DIR/Makefile"; then echo "apply.sh: $DIR already has bnb8's lines"; exit 1; fi
-python3 "$ROOT/dev/llmc/edit.py" "$ROOT/dev/llmc/train_gpt2.edits" "$DIR/train_gpt2.cu"
+cp "$DIR/train_gpt2.cu" "$DIR/.train_gpt2.cu.before_bnb8"
+python3 "$ROOT/dev/llmc/edit.py" "$ROOT/dev/llmc/train_gpt2.edits" "$DIR/train_gpt2.cu" || { rm -f "$DIR/.train_gpt2.cu.before_bnb8"; exit 1; }
 cp "$ROOT/bnb8.h" "$ROOT/bnb8.c" "$ROOT/bnb8_cuda.cu" "$DIR/"
 cp "$ROOT/adapters/llmc/bnb8_llmc.h" "$DIR/llmc/"
 cat "$ROOT/dev/llmc/Makefile.rule" >> "$DIR/Makefile"
-echo "apply.sh: $DIR/train_gpt2.cu: $(cd "$DIR" && git diff --numstat -- train_gpt2.cu 2>/dev/null | awk '{ print $1 " lines added, " $2 " removed" }')"
+echo "apply.sh: $DIR/train_gpt2.cu: $(diff "$DIR/.train_gpt2.cu.before_bnb8" "$DIR/train_gpt2.cu" | grep -c '^>') lines added, $(diff "$DIR/.train_gpt2.cu.before_bnb8" "$DIR/train_gpt2.cu" | grep -c '^<') removed"
+rm -f "$DIR/.train_gpt2.cu.before_bnb8"
