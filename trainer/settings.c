@@ -95,7 +95,7 @@ void usage(FILE *f) {
         "  -j <file>   validation tokens, \"\" for none  (default %s)\n"
         "  -z <file>   tokenizer, \"\" for none          (default %s)\n"
         "  -e <model>  descriptor dL[cC][hH][vV][tT] (d12 = GPT-2 124M, d4c128h4, ...) or an llm.c\n"
-        "              model .bin (fp32 v3 or bf16 v5)  (default %s)\n"
+        "              model .bin (fp32 v3 or bf16 v5; with StableEmbedding bnb8's 8003, 8005)  (default %s)\n"
         "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
         "              with its master, and the states) + the trainer state, their bytes per parameter by recipe in\n"
         "              doc/trainer.md; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
