@@ -512,10 +512,14 @@ typedef struct {
 // differs from the CPU's double sums only in the last bits of a double), [3] percentile scale.
 #define BNB8_NORMS 4
 
+// Steps whose uploads may be in flight before a step waits for the oldest: a trainer that steps
+// its tensors in many calls (llm.c makes 16 a step) must not wait for the GPU between them.
+#define BNB8_STAGING_SLOTS 32
+
 typedef struct {
-    void *staging[2];            // pinned host buffers: header + tensors, alternating
-    cudaEvent_t staged[2];       // the upload of staging[i] is done
-    size_t capacity;             // bytes of each staging and of upload
+    void *staging;               // pinned host ring of BNB8_STAGING_SLOTS buffers: header + tensors
+    cudaEvent_t staged[BNB8_STAGING_SLOTS];   // the upload of slot i is done
+    size_t capacity;             // bytes of each slot and of upload
     int next;
     void *upload;                // device copy of the current header + tensors
     double *norms;               // (count, BNB8_NORMS)
@@ -1407,20 +1411,24 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     if (threadIdx.x % 32 == 0 && bad) atomicAdd(nonfinite, (unsigned long long)bad);
 }
 
+// The pinned ring goes once no upload reads it.
+static void bnb8_free_staging(bnb8_cuda_context *c) {
+    if (!c->staging) return;
+    for (int i = 0; i < BNB8_STAGING_SLOTS; i++) cudaEventSynchronize(c->staged[i]);
+    cudaFreeHost(c->staging);
+    c->staging = NULL;
+}
+
 static bnb8_status bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int count) {
     const char *fn = "bnb8_optimizer_step";
     if (bytes > c->capacity) {
-        for (int i = 0; i < 2; i++) {
-            if (c->staging[i]) { cudaEventSynchronize(c->staged[i]); cudaFreeHost(c->staging[i]); c->staging[i] = NULL; }
-        }
+        bnb8_free_staging(c);
         if (c->upload) { cudaFree(c->upload); c->upload = NULL; }
         c->capacity = 0;
-        size_t cap = bytes * 2;
-        for (int i = 0; i < 2; i++) {
-            bnb8_status status = bnb8_cuda_status(fn, cudaMallocHost(&c->staging[i], cap));
-            if (status) return status;
-        }
-        bnb8_status status = bnb8_cuda_status(fn, cudaMalloc(&c->upload, cap));
+        size_t cap = (bytes * 2 + 255) / 256 * 256;
+        bnb8_status status = bnb8_cuda_status(fn, cudaMallocHost(&c->staging, cap * BNB8_STAGING_SLOTS));
+        if (status) return status;
+        status = bnb8_cuda_status(fn, cudaMalloc(&c->upload, cap));
         if (status) return status;
         c->capacity = cap;
     }
@@ -1442,10 +1450,8 @@ static bnb8_status bnb8_context_reserve(bnb8_cuda_context *c, size_t bytes, int 
 extern "C" void bnb8_cuda_context_free(void *context) {
     bnb8_cuda_context *c = (bnb8_cuda_context *)context;
     if (!c) return;
-    for (int i = 0; i < 2; i++) {
-        if (c->staging[i]) { cudaEventSynchronize(c->staged[i]); cudaFreeHost(c->staging[i]); }
-        cudaEventDestroy(c->staged[i]);
-    }
+    bnb8_free_staging(c);
+    for (int i = 0; i < BNB8_STAGING_SLOTS; i++) cudaEventDestroy(c->staged[i]);
     cudaFree(c->upload);
     cudaFree(c->norms);
     cudaFree(c->tensor_max);
@@ -1461,7 +1467,7 @@ static bnb8_status bnb8_context_create(bnb8_cuda_context **out) {
     int device = 0;
     bnb8_status status = bnb8_cuda_status(fn, cudaGetDevice(&device));
     if (!status) status = bnb8_cuda_status(fn, cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device));
-    for (int i = 0; i < 2 && !status; i++)
+    for (int i = 0; i < BNB8_STAGING_SLOTS && !status; i++)
         status = bnb8_cuda_status(fn, cudaEventCreateWithFlags(&c->staged[i], cudaEventDisableTiming));
     if (!status) status = bnb8_cuda_status(fn, cudaMalloc(&c->nonfinite, sizeof *c->nonfinite));
     if (!status) status = bnb8_cuda_status(fn, cudaMemset(c->nonfinite, 0, sizeof *c->nonfinite));
@@ -1536,12 +1542,13 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     size_t header_bytes = (sizeof(bnb8_step_header) + 255) / 256 * 256;
     size_t bytes = header_bytes + sizeof(bnb8_gpu_tensor) * (size_t)count;
     if ((status = bnb8_context_reserve(c, bytes, count))) return status;
-    // The staging buffer we fill was uploaded two steps ago; that copy is long done.
+    // The slot we fill was uploaded BNB8_STAGING_SLOTS steps ago; that copy is long done.
     int slot = c->next;
-    c->next ^= 1;
+    c->next = (c->next + 1) % BNB8_STAGING_SLOTS;
     if ((status = bnb8_cuda_status(fn, cudaEventSynchronize(c->staged[slot])))) return status;
-    bnb8_step_header *h = (bnb8_step_header *)c->staging[slot];
-    bnb8_gpu_tensor *t = (bnb8_gpu_tensor *)((char *)c->staging[slot] + header_bytes);
+    void *staging = (char *)c->staging + (size_t)slot * c->capacity;
+    bnb8_step_header *h = (bnb8_step_header *)staging;
+    bnb8_gpu_tensor *t = (bnb8_gpu_tensor *)((char *)staging + header_bytes);
     memcpy(h->code[0], code_unsigned, sizeof h->code[0]);
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
     memcpy(h->books, books, sizeof h->books);
@@ -1584,7 +1591,7 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     memset(h->taken, 0, sizeof h->taken);
     bnb8_step_header *dh = (bnb8_step_header *)c->upload;
     const bnb8_gpu_tensor *dt = (const bnb8_gpu_tensor *)((char *)c->upload + header_bytes);
-    status = bnb8_cuda_status(fn, cudaMemcpyAsync(c->upload, c->staging[slot], bytes, cudaMemcpyHostToDevice, stream));
+    status = bnb8_cuda_status(fn, cudaMemcpyAsync(c->upload, staging, bytes, cudaMemcpyHostToDevice, stream));
     if (!status) status = bnb8_cuda_status(fn, cudaEventRecord(c->staged[slot], stream));
     if (!status && (need_percentile || need_trust))
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->norms, 0, sizeof(double) * BNB8_NORMS * (size_t)count, stream));

@@ -38,6 +38,8 @@ else
     bash "$ROOT/dev/llmc/apply.sh" "$W" || exit 1
     # the check's own edit, not the guide's: llm.c's initialization seed from LLMC_SEED
     sed -i 's/manual_seed(&init_rng, 42);/manual_seed(\&init_rng, getenv("LLMC_SEED") ? atoi(getenv("LLMC_SEED")) : 42);/' "$W/train_gpt2.cu"
+    # and llm.c's own line that CUDA 13 no longer compiles (cudaMemAdvise takes a cudaMemLocation there)
+    perl -0pi -e 's/^(\s*)(cudaCheck_\(cudaMemAdvise\(\*out, bytes, cudaMemAdviseSetPreferredLocation, )cudaCpuDeviceId(\), file, line\);)\n/#if CUDART_VERSION >= 13000\n$1$2cudaMemLocation{cudaMemLocationTypeHost, 0}$3\n#else\n$1$2cudaCpuDeviceId$3\n#endif\n/m' "$W/llmc/cuda_utils.cuh"
     (cd "$W" && make -j3 train_gpt2cu NO_MULTI_GPU=1 USE_CUDNN=0 > "$OUT/build.log" 2>&1) || { tail -n 30 "$OUT/build.log"; exit 1; }
 fi
 changed=$(diff -U0 "$LLMC/train_gpt2.cu" "$W/train_gpt2.cu" | grep -c '^[-+][^-+]')   # the guide's lines and the seed's
