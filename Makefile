@@ -77,7 +77,7 @@ $(BUILD)/libbnb8.a: $(LIB_OBJS)
 
 # CPU tests: one program, every test/test_*.c; the last line it prints is "N passed, M failed".
 # The trainer's tests include its headers and link it built with -DTRAIN_NO_MAIN.
-$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/test_harness.o $(BUILD)/bnb8.o $(HEADERS) $(TRAIN_SRCS) $(TRAIN_HEADERS) | $(BUILD)
+$(BUILD)/test_cpu: $(TEST_SRCS) $(BUILD)/test_harness.o $(BUILD)/bnb8.o $(HEADERS) adapters/llmc/bnb8_llmc.h $(TRAIN_SRCS) $(TRAIN_HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -DTRAIN_NO_MAIN $(TEST_SRCS) $(TRAIN_SRCS) $(BUILD)/test_harness.o $(BUILD)/bnb8.o -o $@ $(LDLIBS)
 
 # The one test harness (test/test.h: EXPECT, test_run, test_summary, the seeded RNG), in C: the CPU

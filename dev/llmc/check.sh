@@ -59,7 +59,7 @@ val_loss() { awk '$1 == "val" && $2 == "loss" { v = $3 } END { print v }' "$1"; 
 tokens() { awk -F'|' '$1 ~ /^step/ { split($1, a, "[ /]+"); if (a[2] > 10) { n = split($NF, b, " "); print b[1] } }' "$1" | sort -n | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "?" }'; }
 memory() {   # optimizer + master MiB: bnb8's line, or llm.c's three allocations
     local b
-    b=$(grep -a -o 'optimizer states [0-9]* MiB + master [0-9]* MiB' "$1" | awk '{ print $3 + $6 }')
+    b=$(grep -a -o 'optimizer states [0-9]* MiB + master [0-9]* MiB' "$1" | awk '{ print $3 + $7 }')
     [ -n "$b" ] && { echo "$b"; return; }
     grep -a -E 'allocating [0-9]+ MiB for (AdamW optimizer state|master copy)' "$1" | awk '{ s += $2 } END { print s }'
 }
