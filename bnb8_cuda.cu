@@ -833,7 +833,8 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
         for (int j = 0; j < 4; j++) {
             float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
             float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
-            float pn = bnb8_apply(&args, p[r][j], u, trust);
+            // stochastic rounding (a branch on the tensor's flag, uniform): the value the store keeps
+            float pn = bnb8_round_result(&args, bnb8_apply(&args, p[r][j], u, trust), pdt, i + j);
             bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
             bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
             if (MASTER && cb) bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
@@ -1057,6 +1058,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
             for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
             float u = bnb8_direction(&args, p[r][j], g[r][j], sk);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
+            if (!DEF) pn = bnb8_round_result(&args, pn, pdt, i + j);   // stochastic rounding (uniform branch)
             bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sk, nstates);
             bad += inside && !take;
             #pragma unroll
