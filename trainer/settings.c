@@ -104,7 +104,7 @@ void usage(FILE *f) {
         "              doc/trainer.md; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
         "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash | 8bit-sr (doc/trainer.md)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
-        "  -M <name>   8bit, 8bit-int8, 8bit-sr: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
+        "  -M <name>   8bit, 8bit-int8, 8bit-sr: the states' map, dynamic | linear (ablation)  (default dynamic)\n"
         "  -K <int>    8bit, 8bit-int8, 8bit-sr: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
         "  -S <name>   flash: the group scales' dtype, e6m10 | bf16 | fp16 | fp32 (default e6m10; resuming: the\n"
         "              checkpoint's, bf16 for a checkpoint of the version 1 layout)\n"
