@@ -411,6 +411,7 @@ typedef struct {
     int correction_bytes;       // bf16/fp16 weights: cfg's 1, 2 or 4; fp32 weights: 0
     int stochastic;             // bf16/fp16 weights rounded stochastically (no correction: 0 bytes)
     uint64_t seed, identity;    // then its seed (cfg's, or a loaded file's) and FNV-1a of its name
+    bnb8_rounding rounding;     // this step's (bnb8_rounding_of)
     void *correction;           // (n) int8, int16 or fp32 (the master)
     float *gnorm_history;       // (100) squared gradient norms, for percentile clipping
     double sum_squares;         // CPU tensors, cfg.sum_squares: the sum of g^2 of the latest step
@@ -1004,9 +1005,6 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
     a.momentum = c->momentum;
     a.one_minus_dampening = (float)(1.0 - c->dampening);
     a.max_unorm = c->max_unorm;
-    a.stochastic = t->stochastic;
-    a.round_key = t->stochastic ? bnb8_round_key(t->seed, t->identity, t->step) : 0;
-    a.round_base = t->offset;
     int decoupled = bnb8_decoupled_decay(kind);
     a.decay = decoupled ? (float)(1.0 - lr_t * c->weight_decay) : 1.0f;
     a.l2 = decoupled ? 0.0f : c->weight_decay;
@@ -1026,14 +1024,24 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
     return a;
 }
 
+// The rounding of tensor t's step (its step count already advanced; DESIGN.md §6.6).
+static bnb8_rounding bnb8_rounding_of(const bnb8_tensor *t) {
+    bnb8_rounding r = {0, 0, 0, 0};
+    if (!t->stochastic) return r;
+    r.key = bnb8_round_key(t->seed, t->identity, t->step);
+    r.base = t->offset;
+    r.on = 1;
+    return r;
+}
+
 // Element i's update on the CPU: p and s[] become the new weight (as the weights will hold it under
 // stochastic rounding) and states and 1 is returned, or they stay and 0 is returned when the gradient
 // g or a result is not finite (counted by the caller).
-static int bnb8_step_element(const bnb8_step_args *a, bnb8_dtype dtype, int nstates, float trust, float g, int64_t i,
-                             float *p, float s[3]) {
+static int bnb8_step_element(const bnb8_step_args *a, const bnb8_rounding *r, bnb8_dtype dtype, int nstates, float trust,
+                             float g, int64_t i, float *p, float s[3]) {
     if (!bnb8_isfinite(g)) return 0;
     float sn[3] = {s[0], s[1], s[2]}, pn = bnb8_apply(a, *p, bnb8_direction(a, *p, g, sn), trust);
-    pn = bnb8_round_result(a, pn, dtype, i);
+    pn = bnb8_round_result(r, pn, dtype, i);
     if (!bnb8_results_finite(pn, dtype, sn, nstates)) return 0;
     *p = pn;
     for (int k = 0; k < 3; k++) s[k] = sn[k];
@@ -1085,7 +1093,7 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
                 float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
                 for (int k = 0; k < t->nstates; k++)
                     s[k] = bnb8_expand_value(((const uint8_t *)t->state[k])[i], old[k], is_signed[k]);
-                if (bnb8_step_element(a, t->param_dtype, t->nstates, 1.0f, g, i, &p, s))
+                if (bnb8_step_element(a, &t->rounding, t->param_dtype, t->nstates, 1.0f, g, i, &p, s))
                     bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
                 else
                     bad++;           // the element keeps its weight, correction and states
@@ -1112,7 +1120,7 @@ static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust
         float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
         float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
         bnb8_load_states(t, i, s);
-        if (!bnb8_step_element(a, t->param_dtype, t->nstates, trust, g, i, &p, s)) skipped++;
+        if (!bnb8_step_element(a, &t->rounding, t->param_dtype, t->nstates, trust, g, i, &p, s)) skipped++;
         else if (store) bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
         for (int k = 0; k < t->nstates; k++) {
             if (t->format == BNB8_STATE_32BIT) { if (store) ((float *)t->state[k])[i] = s[k]; continue; }
@@ -1203,6 +1211,7 @@ static double bnb8_sum_squares_cpu(const bnb8_tensor *t) {
 // dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
     t->step++;
+    t->rounding = bnb8_rounding_of(t);
     if (t->cfg.gnorm_scale_at) gnorm_scale *= *t->cfg.gnorm_scale_at;   // before the percentile's, as on the GPU
     if (t->cfg.sum_squares) t->sum_squares = bnb8_sum_squares_cpu(t);
     if (t->cfg.percentile_clipping < 100) {
@@ -1234,7 +1243,34 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
     opt->nonfinite += bad;
 }
 
-// The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch.
+// Tensor t (id) stepped on the GPU: its step count advanced, its arrays and this step's constants in *g.
+static void bnb8_describe_gpu(bnb8_optimizer *opt, bnb8_tensor *t, int id, float lr, float gnorm_scale, bnb8_gpu_tensor *g) {
+    t->step++;
+    t->rounding = bnb8_rounding_of(t);
+    g->param = t->param;
+    g->grad = t->grad;
+    for (int k = 0; k < 3; k++) { g->state[k] = t->state[k]; g->absmax[k] = t->absmax[k]; }
+    g->history = t->gnorm_history;
+    g->n = t->n;
+    g->step = t->step;
+    g->param_dtype = t->param_dtype;
+    g->grad_dtype = t->grad_dtype;
+    g->eight_bit = t->format == BNB8_STATE_8BIT;
+    g->blocksize = (int32_t)t->cfg.blocksize;
+    g->percentile = t->cfg.percentile_clipping;
+    g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
+    g->format = t->format;
+    g->correction_bytes = t->correction_bytes;
+    g->scale_dtype = t->scale_dtype;
+    g->correction = t->correction;
+    for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
+    g->sum_squares = t->cfg.sum_squares ? opt->gpu_sums + id : NULL;
+    g->gnorm_scale_at = t->cfg.gnorm_scale_at;
+    g->rounding = t->rounding;
+}
+
+// The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch (two when some
+// round stochastically and some do not).
 static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float lr, float gnorm_scale,
                                  struct CUstream_st *stream) {
     bnb8_status status = BNB8_OK;
@@ -1254,34 +1290,20 @@ static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count,
     }
     bnb8_gpu_tensor *d = (bnb8_gpu_tensor *)calloc((size_t)count, sizeof *d);
     if (!d) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step: %d tensor descriptors", count);
-    int m = 0;
-    for (int i = 0; i < count; i++) {
-        bnb8_tensor *t = &opt->tensors[ids[i]];
-        if (!t->on_gpu) continue;
-        t->step++;
-        bnb8_gpu_tensor *g = &d[m++];
-        g->param = t->param;
-        g->grad = t->grad;
-        for (int k = 0; k < 3; k++) { g->state[k] = t->state[k]; g->absmax[k] = t->absmax[k]; }
-        g->history = t->gnorm_history;
-        g->n = t->n;
-        g->step = t->step;
-        g->param_dtype = t->param_dtype;
-        g->grad_dtype = t->grad_dtype;
-        g->eight_bit = t->format == BNB8_STATE_8BIT;
-        g->blocksize = (int32_t)t->cfg.blocksize;
-        g->percentile = t->cfg.percentile_clipping;
-        g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
-        g->format = t->format;
-        g->correction_bytes = t->correction_bytes;
-        g->scale_dtype = t->scale_dtype;
-        g->correction = t->correction;
-        for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
-        g->sum_squares = t->cfg.sum_squares ? opt->gpu_sums + ids[i] : NULL;
-        g->gnorm_scale_at = t->cfg.gnorm_scale_at;
+    // The tensors rounded to nearest first, then those rounded stochastically: a launch each (the
+    // latter's kernels are their own, so that the others keep their registers; DESIGN.md §6.6).
+    int m = 0, nearest = 0;
+    for (int stochastic = 0; stochastic < 2; stochastic++) {
+        for (int i = 0; i < count; i++) {
+            bnb8_tensor *t = &opt->tensors[ids[i]];
+            if (t->on_gpu && t->stochastic == stochastic) bnb8_describe_gpu(opt, t, ids[i], lr, gnorm_scale, &d[m++]);
+        }
+        if (!stochastic) nearest = m;
     }
     float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
-    status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], opt->books[opt->cfg.map], stream);
+    if (nearest > 0) status = bnb8_cuda_step(&opt->gpu_context, d, nearest, code[0], code[1], opt->books[opt->cfg.map], stream);
+    if (!status && m > nearest)
+        status = bnb8_cuda_step(&opt->gpu_context, d + nearest, m - nearest, code[0], code[1], opt->books[opt->cfg.map], stream);
     free(d);
     return status;
 }

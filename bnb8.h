@@ -250,10 +250,11 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
 // Points tensor id at another gradient buffer (gradient release reuses buffers).
 bnb8_status bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
 // One step of every tensor at learning rate lr, gradients scaled by gnorm_scale (1 = none). GPU
-// tensors: one launch on stream (NULL = default), not synchronized. gnorm_scale >= 0: 0 steps with
-// a zero gradient (the clip factor of an infinite norm: moments decay, weight decay applies); an
-// element whose scaled gradient is not finite (inf x g, 0 x inf) is left unchanged and counted
-// (bnb8_optimizer_take_nonfinite). NaN or negative is refused.
+// tensors: one launch on stream (NULL = default; two when some round stochastically and some do
+// not), not synchronized. gnorm_scale >= 0: 0 steps with a zero gradient (the clip factor of an
+// infinite norm: moments decay, weight decay applies); an element whose scaled gradient is not
+// finite (inf x g, 0 x inf) is left unchanged and counted (bnb8_optimizer_take_nonfinite). NaN or
+// negative is refused.
 bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
 // One step of the count tensors in ids only; each tensor keeps its own step count.
 bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
@@ -535,6 +536,24 @@ BNB8_HD uint16_t bnb8_narrow_stochastic(float x, bnb8_dtype narrow, uint32_t r) 
     return narrow == BNB8_BF16 ? bnb8_bf16_stochastic(x, r) : bnb8_f16_stochastic(x, r);
 }
 
+// A tensor's rounding in one step, computed on the host: on (stochastic, else the store's nearest),
+// the key of its seed, identity and step count, and the whole tensor's index of its element 0.
+typedef struct {
+    uint64_t key;
+    int64_t base;
+    int32_t on, unused;
+} bnb8_rounding;
+
+// The new weight p of element i (its index in the tensor as added) as the weights will hold it:
+// when r is on, the value of its stochastic rounding in dtype (bf16 or fp16), which the nearest
+// rounding of the store keeps exactly and bnb8_results_finite then checks (a round up to inf is an
+// overflow); else p itself, rounded by the store.
+BNB8_HD float bnb8_round_result(const bnb8_rounding *r, float p, bnb8_dtype dtype, int64_t i) {
+    if (!r->on) return p;
+    uint16_t h = bnb8_narrow_stochastic(p, dtype, bnb8_round_bits(r->key, r->base + i));
+    return dtype == BNB8_BF16 ? bnb8_bf16_to_f32(h) : bnb8_f16_to_f32(h);
+}
+
 // ==== [math.codes] thresholds, the nearest code, the codebook lookup (DESIGN.md §3) ==============
 
 // The 255 decision thresholds of a map, t[k] = (code[k] + code[k+1]) * 0.5f, padded with +inf at
@@ -749,9 +768,6 @@ typedef struct {
     float inv_bc1;               // 1 / bc1 (AdEMAMix's m1 only)
     float eps, alpha, momentum, one_minus_dampening;
     float max_unorm;             // LAMB / LARS (0 = off)
-    int stochastic;              // bf16/fp16 weights rounded stochastically (bnb8_round_result, DESIGN.md §6.6)
-    uint64_t round_key;          // then bnb8_round_key of the tensor's seed, identity and step
-    int64_t round_base;          // and the whole tensor's index of element 0 (a shard's offset)
 } bnb8_step_args;
 
 // Which states an optimizer keeps, and whether each is signed (else non-negative: unsigned map).
@@ -816,16 +832,6 @@ BNB8_HD float bnb8_direction(const bnb8_step_args *a, float p, float g, float s[
 
 BNB8_HD float bnb8_apply(const bnb8_step_args *a, float p, float u, float trust) {
     return p * a->decay - (a->step_size * trust) * u;
-}
-
-// The new weight p of element i (its index in the tensor as added) as the weights will hold it:
-// under stochastic rounding the value of its rounding in dtype (bf16 or fp16), which the nearest
-// rounding of the store keeps exactly and bnb8_results_finite then checks (a round up to inf is an
-// overflow); else p itself, rounded by the store.
-BNB8_HD float bnb8_round_result(const bnb8_step_args *a, float p, bnb8_dtype dtype, int64_t i) {
-    if (!a->stochastic) return p;
-    uint16_t h = bnb8_narrow_stochastic(p, dtype, bnb8_round_bits(a->round_key, a->round_base + i));
-    return dtype == BNB8_BF16 ? bnb8_bf16_to_f32(h) : bnb8_f16_to_f32(h);
 }
 
 // Whether an element's step results can be kept: the new weight p finite in the weights' dtype
@@ -1121,7 +1127,8 @@ BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
 // ==== [gpu.step] one step's tensor descriptors, the launch, memory helpers (DESIGN.md §10) =======
 // The optimizer's GPU path: bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
-// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes.
+// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes;
+// tensors that round stochastically are stepped so apart from the others (kernels of their own).
 
 typedef struct {
     void *param;
@@ -1142,10 +1149,12 @@ typedef struct {
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
     const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL
     double *units;               // filled by bnb8_cuda.cu: the tensor's per-128-element partial sums
+    bnb8_rounding rounding;      // stochastic rounding (DESIGN.md §6.6): on for every tensor of a launch or none
 } bnb8_gpu_tensor;
 
 // Steps count tensors on stream; *context holds the optimizer's device scratch (created on first
-// use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device.
+// use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device. Either every
+// tensor rounds stochastically (rounding.on: kernels of their own) or none does.
 bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                            const float code_unsigned[256], const float code_signed[256],
                            const bnb8_codebook books[2], struct CUstream_st *stream);
