@@ -409,6 +409,9 @@ typedef struct {
     void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash state
     bnb8_dtype scale_dtype;
     int correction_bytes;       // bf16/fp16 weights: cfg's 1, 2 or 4; fp32 weights: 0
+    int stochastic;             // bf16/fp16 weights rounded stochastically (no correction: 0 bytes)
+    uint64_t seed, identity;    // then its seed (cfg's, or a loaded file's) and FNV-1a of its name
+    bnb8_rounding rounding;     // this step's (bnb8_rounding_of)
     void *correction;           // (n) int8, int16 or fp32 (the master)
     float *gnorm_history;       // (100) squared gradient norms, for percentile clipping
     double sum_squares;         // CPU tensors, cfg.sum_squares: the sum of g^2 of the latest step
@@ -528,9 +531,9 @@ static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8
         return bnb8_fail(BNB8_ERR_ARG, "%s: the flash state format exists for AdamW, Adam, SGD and Lion only, "
                          "not optimizer kind %d", fn, (int)kind);
     int cb = c->correction_bytes;
-    if (cb != BNB8_CORRECTION_AUTO && cb != 0 && cb != 1 && cb != 2 && cb != 4)
-        return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not BNB8_CORRECTION_AUTO (-1), 0 (none), 1 (int8), "
-                         "2 (int16) or 4 (fp32 master)", fn, cb);
+    if (cb != BNB8_CORRECTION_AUTO && cb != BNB8_CORRECTION_STOCHASTIC && cb != 0 && cb != 1 && cb != 2 && cb != 4)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not BNB8_CORRECTION_AUTO (-1), BNB8_CORRECTION_STOCHASTIC "
+                         "(-2), 0 (none), 1 (int8), 2 (int16) or 4 (fp32 master)", fn, cb);
     if (bnb8_check_scale_dtype(fn, c->scale_dtype)) return BNB8_ERR_DTYPE;
     if (c->t_alpha < 0 || c->t_beta3 < 0 || c->min_8bit_size < 0 || c->stacked < 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: t_alpha, t_beta3, min_8bit_size and stacked must be >= 0", fn);
@@ -609,6 +612,7 @@ static const char *bnb8_layout_difference(const bnb8_config *a, const bnb8_confi
     if (a->percentile_clipping != b->percentile_clipping) return "percentile_clipping";
     if (a->sum_squares != b->sum_squares) return "sum_squares";
     if (a->shard_offset != b->shard_offset || a->shard_total != b->shard_total) return "shard_offset / shard_total";
+    if (a->seed != b->seed) return "seed";
     return NULL;
 }
 
@@ -688,6 +692,14 @@ bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const
 }
 
 static int64_t bnb8_block_count(int64_t n, int64_t blocksize) { return (n + blocksize - 1) / blocksize; }
+
+// A tensor's identity for stochastic rounding (DESIGN.md §6.6): FNV-1a, 64 bits, of its name, the
+// same in every process and on every rank that holds a shard of it.
+static uint64_t bnb8_name_identity(const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 0x100000001b3ull;
+    return h;
+}
 
 // Bytes of one tensor's states: per state n floats, or n codes plus an absmax per block (8-bit) or
 // a scale per group of 32 (flash); plus the weights' correction (n int8, int16 or fp32).
@@ -802,7 +814,13 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
                          "map is CPU-only for now)", fn, name);
     t.nstates = bnb8_state_count(opt->kind, t.cfg.momentum);
     t.scale_dtype = t.cfg.scale_dtype;
-    if (param_dtype != BNB8_F32)   // automatic: int8 for a flash configuration (small tensors too), else none
+    t.stochastic = t.cfg.correction_bytes == BNB8_CORRECTION_STOCHASTIC;
+    if (t.stochastic && param_dtype == BNB8_F32)
+        return bnb8_fail(BNB8_ERR_DTYPE, "%s: '%s' has fp32 weights: stochastic rounding (BNB8_CORRECTION_STOCHASTIC) "
+                         "stores bf16/fp16 weights, fp32 ones have nothing to round (set correction_bytes 0 for them)", fn, name);
+    t.seed = t.cfg.seed;
+    t.identity = bnb8_name_identity(name);
+    if (param_dtype != BNB8_F32 && !t.stochastic)   // automatic: int8 for a flash configuration (small tensors too), else none
         t.correction_bytes = t.cfg.correction_bytes != BNB8_CORRECTION_AUTO ? t.cfg.correction_bytes
                            : t.cfg.format == BNB8_STATE_FLASH ? 1 : 0;
     // The GPU carries corrections in the launches of the kinds with a flash form (their tables).
@@ -1006,12 +1024,24 @@ static bnb8_step_args bnb8_step_args_for(bnb8_optim kind, const bnb8_config *bas
     return a;
 }
 
-// One element's update on the CPU: p and s[] become the new weight and states and 1 is returned,
-// or they stay and 0 is returned when the gradient g or a result is not finite (counted by the caller).
-static int bnb8_step_element(const bnb8_step_args *a, bnb8_dtype dtype, int nstates, float trust, float g,
-                             float *p, float s[3]) {
+// The rounding of tensor t's step (its step count already advanced; DESIGN.md §6.6).
+static bnb8_rounding bnb8_rounding_of(const bnb8_tensor *t) {
+    bnb8_rounding r = {0, 0, 0, 0};
+    if (!t->stochastic) return r;
+    r.key = bnb8_round_key(t->seed, t->identity, t->step);
+    r.base = t->offset;
+    r.on = 1;
+    return r;
+}
+
+// Element i's update on the CPU: p and s[] become the new weight (as the weights will hold it under
+// stochastic rounding) and states and 1 is returned, or they stay and 0 is returned when the gradient
+// g or a result is not finite (counted by the caller).
+static int bnb8_step_element(const bnb8_step_args *a, const bnb8_rounding *r, bnb8_dtype dtype, int nstates, float trust,
+                             float g, int64_t i, float *p, float s[3]) {
     if (!bnb8_isfinite(g)) return 0;
     float sn[3] = {s[0], s[1], s[2]}, pn = bnb8_apply(a, *p, bnb8_direction(a, *p, g, sn), trust);
+    pn = bnb8_round_result(r, pn, dtype, i);
     if (!bnb8_results_finite(pn, dtype, sn, nstates)) return 0;
     *p = pn;
     for (int k = 0; k < 3; k++) s[k] = sn[k];
@@ -1063,7 +1093,7 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
                 float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
                 for (int k = 0; k < t->nstates; k++)
                     s[k] = bnb8_expand_value(((const uint8_t *)t->state[k])[i], old[k], is_signed[k]);
-                if (bnb8_step_element(a, t->param_dtype, t->nstates, 1.0f, g, &p, s))
+                if (bnb8_step_element(a, &t->rounding, t->param_dtype, t->nstates, 1.0f, g, i, &p, s))
                     bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
                 else
                     bad++;           // the element keeps its weight, correction and states
@@ -1090,7 +1120,7 @@ static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust
         float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
         float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
         bnb8_load_states(t, i, s);
-        if (!bnb8_step_element(a, t->param_dtype, t->nstates, trust, g, &p, s)) skipped++;
+        if (!bnb8_step_element(a, &t->rounding, t->param_dtype, t->nstates, trust, g, i, &p, s)) skipped++;
         else if (store) bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
         for (int k = 0; k < t->nstates; k++) {
             if (t->format == BNB8_STATE_32BIT) { if (store) ((float *)t->state[k])[i] = s[k]; continue; }
@@ -1181,6 +1211,7 @@ static double bnb8_sum_squares_cpu(const bnb8_tensor *t) {
 // dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
     t->step++;
+    t->rounding = bnb8_rounding_of(t);
     if (t->cfg.gnorm_scale_at) gnorm_scale *= *t->cfg.gnorm_scale_at;   // before the percentile's, as on the GPU
     if (t->cfg.sum_squares) t->sum_squares = bnb8_sum_squares_cpu(t);
     if (t->cfg.percentile_clipping < 100) {
@@ -1212,7 +1243,34 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
     opt->nonfinite += bad;
 }
 
-// The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch.
+// Tensor t (id) stepped on the GPU: its step count advanced, its arrays and this step's constants in *g.
+static void bnb8_describe_gpu(bnb8_optimizer *opt, bnb8_tensor *t, int id, float lr, float gnorm_scale, bnb8_gpu_tensor *g) {
+    t->step++;
+    t->rounding = bnb8_rounding_of(t);
+    g->param = t->param;
+    g->grad = t->grad;
+    for (int k = 0; k < 3; k++) { g->state[k] = t->state[k]; g->absmax[k] = t->absmax[k]; }
+    g->history = t->gnorm_history;
+    g->n = t->n;
+    g->step = t->step;
+    g->param_dtype = t->param_dtype;
+    g->grad_dtype = t->grad_dtype;
+    g->eight_bit = t->format == BNB8_STATE_8BIT;
+    g->blocksize = (int32_t)t->cfg.blocksize;
+    g->percentile = t->cfg.percentile_clipping;
+    g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
+    g->format = t->format;
+    g->correction_bytes = t->correction_bytes;
+    g->scale_dtype = t->scale_dtype;
+    g->correction = t->correction;
+    for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
+    g->sum_squares = t->cfg.sum_squares ? opt->gpu_sums + id : NULL;
+    g->gnorm_scale_at = t->cfg.gnorm_scale_at;
+    g->rounding = t->rounding;
+}
+
+// The GPU tensors among ids, described for bnb8_cuda_step and stepped in one launch (two when some
+// round stochastically and some do not).
 static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count, float lr, float gnorm_scale,
                                  struct CUstream_st *stream) {
     bnb8_status status = BNB8_OK;
@@ -1232,34 +1290,20 @@ static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count,
     }
     bnb8_gpu_tensor *d = (bnb8_gpu_tensor *)calloc((size_t)count, sizeof *d);
     if (!d) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step: %d tensor descriptors", count);
-    int m = 0;
-    for (int i = 0; i < count; i++) {
-        bnb8_tensor *t = &opt->tensors[ids[i]];
-        if (!t->on_gpu) continue;
-        t->step++;
-        bnb8_gpu_tensor *g = &d[m++];
-        g->param = t->param;
-        g->grad = t->grad;
-        for (int k = 0; k < 3; k++) { g->state[k] = t->state[k]; g->absmax[k] = t->absmax[k]; }
-        g->history = t->gnorm_history;
-        g->n = t->n;
-        g->step = t->step;
-        g->param_dtype = t->param_dtype;
-        g->grad_dtype = t->grad_dtype;
-        g->eight_bit = t->format == BNB8_STATE_8BIT;
-        g->blocksize = (int32_t)t->cfg.blocksize;
-        g->percentile = t->cfg.percentile_clipping;
-        g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
-        g->format = t->format;
-        g->correction_bytes = t->correction_bytes;
-        g->scale_dtype = t->scale_dtype;
-        g->correction = t->correction;
-        for (int k = 0; k < 2; k++) g->scale[k] = t->scale[k];
-        g->sum_squares = t->cfg.sum_squares ? opt->gpu_sums + ids[i] : NULL;
-        g->gnorm_scale_at = t->cfg.gnorm_scale_at;
+    // The tensors rounded to nearest first, then those rounded stochastically: a launch each (the
+    // latter's kernels are their own, so that the others keep their registers; DESIGN.md §6.6).
+    int m = 0, nearest = 0;
+    for (int stochastic = 0; stochastic < 2; stochastic++) {
+        for (int i = 0; i < count; i++) {
+            bnb8_tensor *t = &opt->tensors[ids[i]];
+            if (t->on_gpu && t->stochastic == stochastic) bnb8_describe_gpu(opt, t, ids[i], lr, gnorm_scale, &d[m++]);
+        }
+        if (!stochastic) nearest = m;
     }
     float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
-    status = bnb8_cuda_step(&opt->gpu_context, d, m, code[0], code[1], opt->books[opt->cfg.map], stream);
+    if (nearest > 0) status = bnb8_cuda_step(&opt->gpu_context, d, nearest, code[0], code[1], opt->books[opt->cfg.map], stream);
+    if (!status && m > nearest)
+        status = bnb8_cuda_step(&opt->gpu_context, d + nearest, m - nearest, code[0], code[1], opt->books[opt->cfg.map], stream);
     free(d);
     return status;
 }
@@ -1307,8 +1351,8 @@ bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale
 // ------------------------------------------------------------------------------------------------
 // Optimizer state files (DESIGN.md §7). Little-endian:
 //   header: "BNB8OPT\0", u32 version, u32 optimizer kind, u32 tensor count, u32 CRC-32 of the above
-//   per tensor: u32 name length, name, i64 n, [version 3: i64 shard offset, i64 shard total,]
-//               u32 format, u32 states, i64 block size, i64 step,
+//   per tensor: u32 name length, name, i64 n, [version 3, 4: i64 shard offset, i64 shard total,]
+//               u32 format, u32 states, i64 block size, i64 step, [version 4: u64 rounding seed,]
 //               u64 bytes, then the tensor's state memory as it lies (gradient-norm history, an
 //               fp32 master, absmax (8-bit) or scales (flash) per state, 32-bit states, an int8 or
 //               int16 correction, code bytes per state), then the weights as the tensor keeps them
@@ -1317,30 +1361,43 @@ bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale
 //               u32 CRC-32 of the record
 //   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash); bits 8..15 the scale dtype
 //           of flash states, the map of 8-bit states (0 dynamic, 1 linear); bits 16..23 the
-//           correction bytes; bits 24..31 the weights' dtype. Block size: the 8-bit block size (0:
-//           one absmax per tensor), 32 for flash states.
+//           correction bytes, or 0x80 for stochastic rounding (no correction); bits 24..31 the
+//           weights' dtype. Block size: the 8-bit block size (0: one absmax per tensor), 32 for flash.
 // A file holds every byte the optimizer needs once: load restores the weights too, so a checkpoint
 // needs no other copy of them. Version 1 files (before the weights of every tensor were in them)
 // still load: they hold only corrected tensors' weights (all of them, masters' too), and their
 // format word gives the dtype only there; the other weights stay as they are.
 // Version 3 is version 2 with each record's shard (DESIGN.md §5.6): written when a tensor is a part
 // of one (n < total), so that a file of whole tensors stays version 2 (read as offset 0, total n).
+// Version 4 is version 3 with each record's rounding seed (DESIGN.md §6.6, 0 for a tensor rounded to
+// nearest): written when a tensor is rounded stochastically, whose weights' next roundings it decides.
 
 #define BNB8_STATE_MAGIC "BNB8OPT"
-#define BNB8_STATE_VERSION 3u
+#define BNB8_STATE_VERSION 4u
+#define BNB8_RECORD_STOCHASTIC 0x80u   // the format word's correction field of stochastic rounding
 
-static int bnb8_file_version(const bnb8_optimizer *opt) {
-    for (int i = 0; i < opt->num_tensors; i++) if (opt->tensors[i].n != opt->tensors[i].total) return 3;
-    return 2;
+// Whether a tensor is a shard of one (shards 1) or is rounded stochastically (shards 0).
+static int bnb8_has(const bnb8_optimizer *opt, int shards) {
+    for (int i = 0; i < opt->num_tensors; i++)
+        if (shards ? opt->tensors[i].n != opt->tensors[i].total : opt->tensors[i].stochastic) return 1;
+    return 0;
 }
+static int bnb8_file_version(const bnb8_optimizer *opt) { return bnb8_has(opt, 0) ? 4 : bnb8_has(opt, 1) ? 3 : 2; }
 
 static uint32_t bnb8_record_format(const bnb8_tensor *t, uint32_t version) {
     uint32_t f = (uint32_t)t->format;
     if (t->format == BNB8_STATE_FLASH) f |= (uint32_t)t->scale_dtype << 8;
     if (t->format == BNB8_STATE_8BIT) f |= (uint32_t)t->cfg.map << 8;
     if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16;
+    if (t->stochastic) f |= BNB8_RECORD_STOCHASTIC << 16;
     if (t->correction_bytes || version >= 2) f |= (uint32_t)t->param_dtype << 24;
     return f;
+}
+// The master a format word's correction field names, for the message of a load that mixes them.
+static const char *bnb8_master_name(uint32_t field) {
+    return field == 0 ? "no master (rounded to nearest)" : field == 1 ? "an int8 correction"
+         : field == 2 ? "an int16 correction" : field == 4 ? "an fp32 master"
+         : field == BNB8_RECORD_STOCHASTIC ? "stochastic rounding (no master)" : "an unknown master";
 }
 static const char *bnb8_map_name(uint32_t map) {
     return map == BNB8_MAP_DYNAMIC ? "dynamic" : map == BNB8_MAP_LINEAR ? "linear" : "unknown";
@@ -1505,6 +1562,8 @@ static int bnb8_state_writer(FILE *f, const void *ctx) {
         ok &= bnb8_write(f, &nstates, 4, &crc);
         ok &= bnb8_write(f, &block, 8, &crc);
         ok &= bnb8_write(f, &t->step, 8, &crc);
+        uint64_t seed = t->stochastic ? t->seed : 0;
+        if (version >= 4) ok &= bnb8_write(f, &seed, 8, &crc);
         ok &= bnb8_write(f, &bytes, 8, &crc);
         ok &= bnb8_write(f, host, t->memory_bytes, &crc);
         ok &= bnb8_write(f, weights, weight_bytes, &crc);
@@ -1564,11 +1623,11 @@ bnb8_status bnb8_optimizer_file_digest(const char *path, uint64_t *digest) {
                                                     : bnb8_fail(BNB8_ERR_IO, "%s: cannot stat %s", fn, path);
     if (!status) bnb8_fold(&h, header, sizeof header);
     for (uint32_t i = 0; !status && i < header[2]; i++) {
-        // name length, name, n, [offset, total,] format, states, block, step (8 + 8 + 8 + 4 + 4 + 8 + 8), bytes
+        // name length, name, n, [offset, total,] format, states, block, step, [seed,] (8 + 8 + 8 + 4 + 4 + 8 + 8 + 8), bytes
         uint8_t fields[BNB8_MAX_NAME + 64];
         uint32_t name_len = 0, crc;
         uint64_t bytes = 0;
-        size_t rest = (header[0] >= 3 ? 16 : 0) + 32;
+        size_t rest = (header[0] >= 3 ? 16 : 0) + 32 + (header[0] >= 4 ? 8 : 0);
         int ok = bnb8_read_folded(f, &name_len, 4, &h) && name_len <= BNB8_MAX_NAME &&
                  bnb8_read_folded(f, fields, name_len + rest, &h) && bnb8_read_folded(f, &bytes, 8, &h);
         off_t at = ok ? ftello(f) : -1;
@@ -1612,7 +1671,8 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
     ptrdiff_t count = opt->num_tensors;
     void **staged = (void **)calloc((size_t)(count > 0 ? count : 1), sizeof(void *));
     int64_t *steps = (int64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(int64_t));
-    bnb8_status status = staged && steps ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
+    uint64_t *seeds = (uint64_t *)calloc((size_t)(count > 0 ? count : 1), sizeof(uint64_t));
+    bnb8_status status = staged && steps && seeds ? BNB8_OK : bnb8_fail(BNB8_ERR_NOMEM, "%s", fn);
     char name[BNB8_MAX_NAME + 1];
     uint32_t crc = 0, header[3] = {0, 0, 0}, stored_crc;
     if (!status) status = bnb8_read_header(f, fn, path, header);
@@ -1621,7 +1681,7 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds optimizer kind %u, this optimizer is %d", fn, path, header[1], (int)opt->kind);
     if (!status && header[2] != (uint32_t)count)
         status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s holds %u tensors, %lld are registered%s", fn, path, header[2], (long long)count,
-                           version >= 3 || bnb8_file_version(opt) >= 3 ? " (shards: a file of another sharding, or number of ranks?)" : "");
+                           version >= 3 || bnb8_has(opt, 1) ? " (shards: a file of another sharding, or number of ranks?)" : "");
     for (ptrdiff_t i = 0; !status && i < count; i++) {
         const bnb8_tensor *t = &opt->tensors[i];
         uint32_t name_len = 0, format, nstates;
@@ -1637,7 +1697,8 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
         }
         ok = bnb8_read(f, &n, 8, &crc) && (version < 3 || (bnb8_read(f, &offset, 8, &crc) && bnb8_read(f, &total, 8, &crc))) &&
              bnb8_read(f, &format, 4, &crc) && bnb8_read(f, &nstates, 4, &crc) &&
-             bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) && bnb8_read(f, &bytes, 8, &crc);
+             bnb8_read(f, &blocksize, 8, &crc) && bnb8_read(f, &steps[i], 8, &crc) &&
+             (version < 4 || bnb8_read(f, &seeds[i], 8, &crc)) && bnb8_read(f, &bytes, 8, &crc);
         if (!ok) { status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' is truncated", fn, path, name); break; }
         if (version < 3) total = n;
         if (n < 0 || offset < 0 || total < 0 || offset > total || n > total - offset) {
@@ -1656,6 +1717,13 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
         }
         size_t file_weights = bnb8_record_weight_bytes(t, version), want_bytes = t->memory_bytes + file_weights;
         uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record; of a flash record, its scale dtype
+        uint32_t master = (format >> 16) & 0xffu, own = (bnb8_record_format(t, version) >> 16) & 0xffu;
+        if (master != own) {
+            // e.g. a run of stochastic rounding resumed without it: its weights would go on differently
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved with %s; this optimizer has %s (cfg.correction_bytes "
+                               "must be the one that saved it)", fn, path, name, bnb8_master_name(master), bnb8_master_name(own));
+            break;
+        }
         if (t->format == BNB8_STATE_8BIT && (format & 0xffu) == BNB8_STATE_8BIT &&
             (map != (uint32_t)t->cfg.map || blocksize != t->cfg.blocksize)) {
             // 8-bit states of another map or block size: say so, not just that the fields differ.
@@ -1713,10 +1781,12 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
             if (weight_bytes) memcpy(t->param, weights, weight_bytes);
         }
         t->step = steps[i];
+        if (t->stochastic) t->seed = seeds[i];   // the rounding goes on as the saved run's would
     }
     for (ptrdiff_t i = 0; staged && i < count; i++) free(staged[i]);
     free(staged);
     free(steps);
+    free(seeds);
     return status;
 }
 

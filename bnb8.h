@@ -27,6 +27,7 @@ CONTENTS (search for the tag in brackets)
   the tests): names and signatures may change
     [internal.fail]  recording a failure's message
     [math.convert]   float <-> fp16 / e6m10, loads and stores of any dtype
+    [math.round]     stochastic rounding of a weight: the counter-based hash, bf16 and fp16
     [math.codes]     thresholds, the nearest code, the codebook lookup
     [math.step]      one optimizer update of one element
     [math.sumsq]     the sum of g^2 in one fixed order
@@ -81,7 +82,8 @@ CONVENTIONS (DESIGN.md §1, §2)
   - Master weight correction ("correction"): what makes bf16/fp16 weights a near-fp32 or fp32
     master, whatever the state format: an int8 or int16 per element, or a full fp32 master (the
     weights are then its RNE): cfg.correction_bytes 0 (none), 1, 2 or 4, bnb8_memory.correction,
-    and the functions bnb8_ecc_* ("ecc": FlashOptim's "error correction").
+    and the functions bnb8_ecc_* ("ecc": FlashOptim's "error correction"). Or none at all, with the
+    weights stored by stochastic rounding: cfg.correction_bytes BNB8_CORRECTION_STOCHASTIC.
   - CPU and GPU results are bit-identical: both compile the same per-element math (the internals
     below). See BUILD for the flags that keep it so.
 */
@@ -175,6 +177,7 @@ typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2 }
 typedef enum { BNB8_MAP_DYNAMIC = 0, BNB8_MAP_LINEAR = 1, BNB8_NUM_MAPS } bnb8_map;
 
 #define BNB8_CORRECTION_AUTO (-1)   // cfg.correction_bytes: the state format's own (int8 for flash)
+#define BNB8_CORRECTION_STOCHASTIC (-2)   // cfg.correction_bytes: no master, stochastic rounding (DESIGN.md §6.6)
 typedef struct {
     float lr;                    // base learning rate; each step passes the scheduled one
     float beta1, beta2, beta3;   // moment decays (beta3: AdEMAMix's slow EMA)
@@ -194,8 +197,10 @@ typedef struct {
                                  // its L layers' layernorms in one tensor, as llm.c does): min_8bit_size
                                  // applies to each, n / stacked elements (default 0: one tensor)
     int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
-                                 // bytes, 0 (none), 1 (int8), 2 (int16), 4 (an fp32 master), or
-                                 // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none.
+                                 // bytes, 0 (none: each step's result rounded to nearest), 1 (int8), 2 (int16),
+                                 // 4 (an fp32 master), BNB8_CORRECTION_AUTO (default): int8 in a flash
+                                 // configuration, else none; or BNB8_CORRECTION_STOCHASTIC: none, each step's
+                                 // result rounded stochastically (DESIGN.md §6.6; fp32 weights are refused).
                                  // bnb8_optimizer_add starts the master at the weights (bnb8_optimizer_import_fp32
                                  // sets other values)
     bnb8_dtype scale_dtype;      // flash: the group scales' type: BNB8_E6M10 (default: fp16's precision and
@@ -207,6 +212,9 @@ typedef struct {
                                  // order, so a kernel before the step may write it). >= 0, as gnorm_scale
     int64_t shard_offset;        // a shard (data parallel, ZeRO-1; DESIGN.md §5.6): the tensor added is elements
     int64_t shard_total;         // [shard_offset, shard_offset + n) of one of shard_total; 0 (default): whole
+    uint64_t seed;               // BNB8_CORRECTION_STOCHASTIC: the seed of the rounding's random bits (default
+                                 // 0), with the tensor's name, step count and element index (DESIGN.md §6.6);
+                                 // a state file records it, and bnb8_optimizer_load takes the file's
 } bnb8_config;
 
 // ==== [api.optimizer] the optimizer object (DESIGN.md §5.5, §6.5, §7) ============================
@@ -222,8 +230,8 @@ void bnb8_optimizer_free(bnb8_optimizer *opt);
 // beta2, beta3, eps, weight_decay, momentum, dampening, nesterov, alpha, t_alpha, t_beta3,
 // max_unorm, gnorm_scale_at) change from the next step; the fields that lay out its states (format,
 // blocksize, map, min_8bit_size, stacked, correction_bytes, scale_dtype, percentile_clipping,
-// sum_squares, shard_offset, shard_total) must be the tensor's own, or the call is refused naming the
-// field. name NULL: cfg's hyperparameters for every tensor added and every later one, each keeping
+// sum_squares, shard_offset, shard_total, seed) must be the tensor's own, or the call is refused naming
+// the field. name NULL: cfg's hyperparameters for every tensor added and every later one, each keeping
 // its layout (cfg's layout fields must be the optimizer's): a trainer that passes its betas, eps or
 // weight decay each step calls this with its creation config, changed there.
 bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const bnb8_config *cfg);
@@ -242,10 +250,11 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
 // Points tensor id at another gradient buffer (gradient release reuses buffers).
 bnb8_status bnb8_optimizer_set_grad(bnb8_optimizer *opt, int id, void *grad);
 // One step of every tensor at learning rate lr, gradients scaled by gnorm_scale (1 = none). GPU
-// tensors: one launch on stream (NULL = default), not synchronized. gnorm_scale >= 0: 0 steps with
-// a zero gradient (the clip factor of an infinite norm: moments decay, weight decay applies); an
-// element whose scaled gradient is not finite (inf x g, 0 x inf) is left unchanged and counted
-// (bnb8_optimizer_take_nonfinite). NaN or negative is refused.
+// tensors: one launch on stream (NULL = default; two when some round stochastically and some do
+// not), not synchronized. gnorm_scale >= 0: 0 steps with a zero gradient (the clip factor of an
+// infinite norm: moments decay, weight decay applies); an element whose scaled gradient is not
+// finite (inf x g, 0 x inf) is left unchanged and counted (bnb8_optimizer_take_nonfinite). NaN or
+// negative is refused.
 bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale, struct CUstream_st *stream);
 // One step of the count tensors in ids only; each tensor keeps its own step count.
 bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int count, float lr,
@@ -277,7 +286,8 @@ typedef struct {
     double weights;              // the parameters themselves
     double gradients;            // the gradient buffers (0 when with_grads is 0: gradient release)
     double states;               // optimizer states with their absmax / scales
-    double correction;           // the master weight corrections or fp32 masters of bf16/fp16 weights
+    double correction;           // the master weight corrections or fp32 masters of bf16/fp16 weights (0 under
+                                 // stochastic rounding: no master)
 } bnb8_memory;
 bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 
@@ -285,7 +295,10 @@ bnb8_memory bnb8_optimizer_memory(const bnb8_optimizer *opt, int with_grads);
 // (path.tmp.<pid>.<n>), flushed, renamed; on failure path is untouched and no temporary is left.
 bnb8_status bnb8_optimizer_save(const bnb8_optimizer *opt, const char *path);
 // Reads a file of bnb8_optimizer_save that matches the registered tensors; on any error nothing changes.
-// Each shard's record names its range: a file of another sharding is refused with both ranges.
+// Each shard's record names its range: a file of another sharding is refused with both ranges. A
+// record of another master (e.g. stochastic rounding against none) is refused naming both; a
+// stochastically rounded tensor takes the file's seed with its step count (a resume continues bit
+// for bit whatever cfg.seed the optimizer was created with).
 bnb8_status bnb8_optimizer_load(bnb8_optimizer *opt, const char *path);
 // A digest of a file of bnb8_optimizer_save from its header and records' CRC-32s, their data seeked
 // over (not such a file: BNB8_ERR_FORMAT); a trainer stores it beside its own state to bind the two.
@@ -298,10 +311,12 @@ bnb8_status bnb8_optimizer_write(const bnb8_optimizer *opt, FILE *f);
 bnb8_status bnb8_optimizer_read(bnb8_optimizer *opt, FILE *f);
 // The fp32 master of tensor id into out (n floats): host memory, or for a GPU tensor also device
 // memory (then computed there, without a copy through the host; the same bits). Waits for the device.
+// Without a correction (stochastic rounding too) the master is the weights themselves, widened.
 bnb8_status bnb8_optimizer_export_fp32(const bnb8_optimizer *opt, int id, float *out);
 // Sets tensor id's weights and correction from n fp32 masters in (host memory, or device memory for a
 // GPU tensor, as export): RNE + correction; import(export(w)) may move a corrected weight by one bf16
 // ulp (DESIGN.md §6.5). Not needed to start: bnb8_optimizer_add starts every master at its weights.
+// Without a correction (stochastic rounding too) the weights become RNE(in): import rounds to nearest.
 bnb8_status bnb8_optimizer_import_fp32(bnb8_optimizer *opt, int id, const float *in);
 
 // ==== [api.flash] master weight correction and companded states as arrays (DESIGN.md §6) =========
@@ -463,6 +478,81 @@ BNB8_HD void bnb8_store(void *x, bnb8_dtype dtype, int64_t i, float v) {
 }
 
 BNB8_HD int bnb8_isfinite(float x) { return fabsf(x) <= 0x1.fffffep127f; }   // false for NaN
+
+// ==== [math.round] stochastic rounding of a weight (DESIGN.md §6.6) ==============================
+// A step's fp32 result x is stored as its lower neighbour in the narrow dtype (x rounded toward
+// zero) or its upper one (the next away from zero), up with probability (|x| - |lower|) / (|upper| -
+// |lower|), from 16 random bits r that a counter-based hash gives each element: no state, the same
+// bits on either back end and after a resume. A representable x never moves; NaN stays NaN (as the
+// nearest rounding makes it); an |x| above the largest finite value may round up to inf (the caller
+// counts that as an overflow, bnb8_results_finite).
+
+// splitmix64's finalizer: a bijection of 64-bit words in which every output bit depends on every input bit.
+BNB8_HD uint64_t bnb8_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// The key of one step of one tensor: the seed, the tensor's identity (bnb8.c: FNV-1a of its name)
+// and its step count, this step included. Computed once per tensor and step, on the host.
+BNB8_HD uint64_t bnb8_round_key(uint64_t seed, uint64_t tensor, int64_t step) {
+    return bnb8_mix64(bnb8_mix64(bnb8_mix64(seed) + tensor) + (uint64_t)step);
+}
+// The 16 random bits of element e of the whole tensor (a shard's offset + its index), under key:
+// splitmix64's output e of the stream that starts at key, its top 16 bits.
+BNB8_HD uint32_t bnb8_round_bits(uint64_t key, int64_t e) {
+    return (uint32_t)(bnb8_mix64(key + (uint64_t)e * 0x9e3779b97f4a7c15ull) >> 48);
+}
+// bf16: x's 16 dropped bits d plus r carry into the kept ones exactly when r >= 65536 - d, with
+// probability d / 65536, which is the fraction exactly (the dropped bits count fp32 steps of one
+// binade, and the upper neighbour lies 65536 of them above the lower one; subnormals alike).
+BNB8_HD uint16_t bnb8_bf16_stochastic(float x, uint32_t r) {
+    uint32_t u = bnb8_f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bnb8_f32_to_bf16(x);   // NaN
+    return (uint16_t)((u + r) >> 16);      // a magnitude up to inf's plus r never reaches the sign bit
+}
+// x (bits u, positive) below 2^(k + 24) in units of 2^k, rounded down or up as above: x / 2^k cut to 16
+// bits of fraction f16 (a 64-bit integer: q 2^16 + f16) plus r. Up with probability f16 / 65536: the
+// fraction exactly when it has at most 16 bits (x >= 2^(k + 7) for the subnormals of fp16, k = -24),
+// else less by below 2^-16; 0 from x < 2^(k - 16) on.
+BNB8_HD uint32_t bnb8_units_stochastic(uint32_t u, int k, uint32_t r) {
+    int shift = 150 + k - (int)(u >> 23);                 // u = m 2^(e - 150), m of 24 bits
+    if (shift > 40) return 0;
+    uint64_t w = ((uint64_t)((u & 0x7fffffu) | 0x800000u) << 16) >> shift;
+    return (uint32_t)((w + r) >> 16);
+}
+// fp16: a normal result drops 13 bits, whose carry takes r's top 13 (probability exact); a subnormal
+// one counts units of 2^-24 (bnb8_units_stochastic: exact from |x| >= 2^-17, within 2^-16 below it
+// under that). From 65504 a round up gives inf; from 65536 on x is inf, as the nearest rounding has it.
+BNB8_HD uint16_t bnb8_f16_stochastic(float x, uint32_t r) {
+    uint32_t u = bnb8_f32_bits(x), sign = (u >> 16) & 0x8000u;
+    u &= 0x7fffffffu;
+    if (u >= 0x47800000u) return bnb8_f32_to_f16(x);                 // NaN, inf and |x| >= 65536
+    if (u >= 0x38800000u) return (uint16_t)(sign | ((u - 0x38000000u + (r >> 3)) >> 13));   // rebias 127 -> 15
+    return (uint16_t)(sign | bnb8_units_stochastic(u, -24, r));       // a carry into 1024 is the smallest normal
+}
+// x rounded stochastically to bf16 or fp16 with the random bits r (0..65535).
+BNB8_HD uint16_t bnb8_narrow_stochastic(float x, bnb8_dtype narrow, uint32_t r) {
+    return narrow == BNB8_BF16 ? bnb8_bf16_stochastic(x, r) : bnb8_f16_stochastic(x, r);
+}
+
+// A tensor's rounding in one step, computed on the host: on (stochastic, else the store's nearest),
+// the key of its seed, identity and step count, and the whole tensor's index of its element 0.
+typedef struct {
+    uint64_t key;
+    int64_t base;
+    int32_t on, unused;
+} bnb8_rounding;
+
+// The new weight p of element i (its index in the tensor as added) as the weights will hold it:
+// when r is on, the value of its stochastic rounding in dtype (bf16 or fp16), which the nearest
+// rounding of the store keeps exactly and bnb8_results_finite then checks (a round up to inf is an
+// overflow); else p itself, rounded by the store.
+BNB8_HD float bnb8_round_result(const bnb8_rounding *r, float p, bnb8_dtype dtype, int64_t i) {
+    if (!r->on) return p;
+    uint16_t h = bnb8_narrow_stochastic(p, dtype, bnb8_round_bits(r->key, r->base + i));
+    return dtype == BNB8_BF16 ? bnb8_bf16_to_f32(h) : bnb8_f16_to_f32(h);
+}
 
 // ==== [math.codes] thresholds, the nearest code, the codebook lookup (DESIGN.md §3) ==============
 
@@ -1037,7 +1127,8 @@ BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
 // ==== [gpu.step] one step's tensor descriptors, the launch, memory helpers (DESIGN.md §10) =======
 // The optimizer's GPU path: bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
-// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes.
+// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes;
+// tensors that round stochastically are stepped so apart from the others (kernels of their own).
 
 typedef struct {
     void *param;
@@ -1058,10 +1149,12 @@ typedef struct {
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
     const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL
     double *units;               // filled by bnb8_cuda.cu: the tensor's per-128-element partial sums
+    bnb8_rounding rounding;      // stochastic rounding (DESIGN.md §6.6): on for every tensor of a launch or none
 } bnb8_gpu_tensor;
 
 // Steps count tensors on stream; *context holds the optimizer's device scratch (created on first
-// use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device.
+// use, freed by bnb8_cuda_context_free). Non-finite gradients are counted on the device. Either every
+// tensor rounds stochastically (rounding.on: kernels of their own) or none does.
 bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                            const float code_unsigned[256], const float code_signed[256],
                            const bnb8_codebook books[2], struct CUstream_st *stream);

@@ -497,6 +497,8 @@ extern "C" bnb8_status bnb8_cuda_masters(void *param, bnb8_dtype dtype, void *co
 // that max (BNB8_PASS_STORE); a last kernel writes it as the tensor's absmax. Nothing is written
 // before the second pass, so both passes read the same old states, absmax included.
 enum { BNB8_PASS_BLOCKS = 0, BNB8_PASS_MAX = 1, BNB8_PASS_STORE = 2 };
+// The update kernels' FLASH mode of a launch whose tensors all round stochastically (bnb8_update_kernel).
+enum { BNB8_SR_LAUNCH = 3 };
 
 typedef struct {
     bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
@@ -529,7 +531,7 @@ typedef struct {
     double *units;               // (units_capacity) cfg.sum_squares: the launch's per-unit sums
     int64_t units_capacity;
     int sms;
-    int update_per_sm[3][3][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    int update_per_sm[3][BNB8_SR_LAUNCH + 1][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
 } bnb8_cuda_context;
 
 // The tensor among [from, end) that holds chunk: the last one whose first_chunk <= chunk, where
@@ -732,6 +734,10 @@ struct bnb8_update_smem {
 __host__ __device__ constexpr int bnb8_max_states(int kind) {
     return kind == BNB8_ADEMAMIX ? 3 : kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_LAMB ? 2 : 1;
 }
+// The kinds with flash states and master weight corrections on the GPU (DESIGN.md §5.1, §6.1).
+__host__ __device__ constexpr bool bnb8_flash_form(int kind) {
+    return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION;
+}
 
 // The codes of 4 state values under absmax a with the division (bnb8_quantize_value), packed:
 // the rare rows the division-free codes cannot decide. Out of line, so that the hot loop stays
@@ -761,7 +767,8 @@ template <int KIND> __device__ bnb8_step_args bnb8_args_of(const bnb8_gpu_tensor
 // this chunk's loads are out (bnb8_prefetch).
 // PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
 // of each state into tmax; BNB8_PASS_STORE stores everything, the codes under tmax's absmax.
-template <int R, int KIND, bool FULL, int PASS, bool MASTER>
+// SR: the tensor's weights round stochastically (bnb8_round_result; a launch of such tensors only).
+template <int R, int KIND, bool FULL, int PASS, bool MASTER, bool SR>
 __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next, int zero_unsigned, int zero_signed,
                                   unsigned &bad, unsigned *tmax) {
     const bnb8_gpu_tensor &t = sm.t;
@@ -834,6 +841,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
             float sj[3] = {s[r][0][j], s[r][1][j], s[r][2][j]};
             float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
+            if constexpr (SR) pn = bnb8_round_result(&sm.t.rounding, pn, pdt, i + j);   // the value the store keeps
             bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
             bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
             if (MASTER && cb) bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
@@ -989,7 +997,8 @@ __device__ __forceinline__ void bnb8_masters_store4(const bnb8_gpu_tensor &t, bn
 // correction and states.
 // DEF: the default configuration (flash states, bf16 weights with int8 corrections, bf16 gradients,
 // e6m10 scales), with its dtypes known at compile time: no run-time choice between conversions.
-template <int R, int KIND, bool FULL, bool DEF>
+// SR: the weights round stochastically (no correction then; a launch of such tensors only).
+template <int R, int KIND, bool FULL, bool DEF, bool SR = false>
 __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
     const bnb8_flash_smem &fs = bnb8_flash_tables;
     const bnb8_gpu_tensor &t = sm.t;
@@ -1057,6 +1066,7 @@ __device__ void bnb8_flash_chunk(bnb8_update_smem &sm, int64_t base, unsigned &b
             for (int k = 0; k < S; k++) sk[k] = s[r][k][j];
             float u = bnb8_direction(&args, p[r][j], g[r][j], sk);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
+            if constexpr (SR) pn = bnb8_round_result(&sm.t.rounding, pn, pdt, i + j);   // the value the store keeps
             bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sk, nstates);
             bad += inside && !take;
             #pragma unroll
@@ -1305,6 +1315,9 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
 // FLASH: 1 when the launch holds flash tensors or corrected weights (only the kinds with a flash
 // form), 2 when some of those are 8-bit states with corrected weights: their chunks then carry the
 // masters (bnb8_update_chunk's MASTER), which costs the other paths registers where it is compiled.
+// BNB8_SR_LAUNCH (3): every tensor of the launch rounds its weights stochastically (none has a
+// correction; bnb8.c steps them in a launch of their own): the rounding is compiled into these
+// kernels only, so that the others keep their registers (DESIGN.md §6.6); no fast flash path.
 // PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
 // passes the blocksize-0 ones after them (tensor_max: their maxima, 3 per tensor).
 template <int R, int KIND, int FLASH, int PASS>
@@ -1313,8 +1326,9 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                    unsigned long long *nonfinite, unsigned *tensor_max) {
     extern __shared__ __align__(16) unsigned char bnb8_smem[];
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
+    constexpr bool SR = FLASH == BNB8_SR_LAUNCH;
     for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
-    if (FLASH) {
+    if (FLASH && (!SR || bnb8_flash_form(KIND))) {   // the tables (an SR launch's flash tensors need them)
         bnb8_flash_tables.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
         bnb8_flash_tables.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
         bnb8_flash_tables.ecc8[threadIdx.x] = bnb8_ecc8_entry((int32_t)(int8_t)threadIdx.x);
@@ -1385,7 +1399,14 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             int64_t run_end = sm.t.first_chunk + sm.t.n / (R * BNB8_ROW);
             run_end = run_end < end ? run_end : end;
             run_end = run_end < next_tensor_chunk ? run_end : next_tensor_chunk;
-            if constexpr (FLASH && PASS == BNB8_PASS_BLOCKS) {   // the passes hold 8-bit tensors only
+            if constexpr (SR && PASS == BNB8_PASS_BLOCKS && bnb8_flash_form(KIND)) {
+                if (sm.t.format == BNB8_STATE_FLASH) {   // no fast path: its weights carry an int8 correction
+                    if (full) bnb8_flash_chunk<R, KIND, true, false, true>(sm, base, bad);
+                    else bnb8_flash_chunk<R, KIND, false, false, true>(sm, base, bad);
+                    continue;
+                }
+            }
+            if constexpr (FLASH && !SR && PASS == BNB8_PASS_BLOCKS) {   // the passes hold 8-bit tensors only
                 if (sm.t.format == BNB8_STATE_FLASH || (sm.t.correction_bytes && !sm.t.eight_bit)) {
                     if (full && sm.def) {
                         for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
@@ -1400,11 +1421,11 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
             if (full && RUN) {
                 for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                    bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
+                    bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2, SR>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
                 chunk--;
             }
-            else if (full) bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
-            else bnb8_update_chunk<R, KIND, false, PASS, FLASH == 2>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+            else if (full) bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2, SR>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+            else bnb8_update_chunk<R, KIND, false, PASS, FLASH == 2, SR>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
         }
     }
     for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
@@ -1494,11 +1515,13 @@ static bnb8_status bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t ch
 
 // The launch of KIND, with the flash tables when the launch has flash tensors or corrections (flash
 // states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only). flash: the
-// FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters.
+// FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters, and
+// BNB8_SR_LAUNCH, as the first launch, when they round stochastically.
 template <int KIND, int PASS>
 static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
                                     bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
-    if constexpr (KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION) {
+    if (flash == BNB8_SR_LAUNCH) return bnb8_launch_update<KIND, BNB8_SR_LAUNCH, PASS>(c, rows, chunks, dh, dt, stream);
+    if constexpr (bnb8_flash_form(KIND)) {
         if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
         if constexpr (PASS == BNB8_PASS_BLOCKS)
             if (flash == 1) return bnb8_launch_update<KIND, 1, PASS>(c, rows, chunks, dh, dt, stream);
@@ -1553,8 +1576,9 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
     memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
-    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0;
+    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0, stochastic = 0;
     for (int i = 0; i < count; i++) {
+        stochastic += tensors[i].rounding.on != 0;
         if (tensors[i].eight_bit && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
         if (tensors[i].eight_bit && tensors[i].correction_bytes) flash = 2;
@@ -1562,6 +1586,10 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
         per_tensor_masters |= bnb8_per_tensor(&tensors[i]) && tensors[i].correction_bytes;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
     }
+    // Stochastic rounding has kernels of its own: bnb8.c steps those tensors in a launch of their own.
+    if (stochastic && stochastic < count)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: %d of %d tensors round stochastically: a launch holds tensors that all "
+                         "do or none", fn, stochastic, count);
     // The blocksize-0 tensors last: [0, blocked) keep the single launch, [blocked, count) get the two passes.
     int blocked = 0;
     for (int i = 0; i < count; i++) if (!bnb8_per_tensor(&tensors[i])) t[blocked++] = tensors[i];
@@ -1608,13 +1636,14 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     }
     int kind = tensors[0].args.kind;
     // Flash states and corrected weights exist for AdamW, Adam, SGD and Lion only (bnb8.c checks).
-    if (flash && !(kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION))
+    if (flash && !bnb8_flash_form(kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: flash states for optimizer kind %d", fn, kind);
+    if (stochastic) flash = BNB8_SR_LAUNCH;   // their kernels (none of their tensors has a correction)
     if (blocked > 0) status = bnb8_launch_pass<BNB8_PASS_BLOCKS>(c, kind, flash, rows, blocked_chunks, dh, dt, stream);
     if (!status && blocked < count) {
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,
                                                       sizeof(unsigned) * 3 * (size_t)(count - blocked), stream));
-        int mode = per_tensor_masters ? 2 : 0;
+        int mode = stochastic ? BNB8_SR_LAUNCH : per_tensor_masters ? 2 : 0;
         if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) {

@@ -275,7 +275,8 @@ static void print_sample(Trainer *t) {
 // The master of a run's weights, in words.
 static const char *master_name(const Layout *l) {
     return l->correction_bytes == 4 ? "+ an fp32 master" : l->correction_bytes == 1 ? "+ an int8 correction"
-         : l->weights == BNB8_F32 ? "(their own master)" : "(no master)";
+         : l->weights == BNB8_F32 ? "(their own master)"
+         : l->correction_bytes == BNB8_CORRECTION_STOCHASTIC ? "(no master: stochastic rounding)" : "(no master)";
 }
 
 static void print_memory(Trainer *t) {
@@ -284,7 +285,8 @@ static void print_memory(Trainer *t) {
     const Layout *l = &t->lay;
     int release = t->a.release, working = t->weights16 != NULL;   // working: the CPU's fp32 copies of bf16 weights
     bnb8_memory mem = bnb8_optimizer_memory(t->opt, !release);
-    double es = (double)bnb8_dtype_size(l->weights), gs = (double)bnb8_dtype_size(l->grads), cs = l->correction_bytes;
+    double es = (double)bnb8_dtype_size(l->weights), gs = (double)bnb8_dtype_size(l->grads);
+    double cs = l->correction_bytes > 0 ? l->correction_bytes : 0;   // stochastic rounding: no master bytes
     if (t->gpu.model) printf("memory: every buffer on the GPU (%s, %.1f GB)\n", t->gpu.name, (double)t->gpu.total_bytes / 1e9);
     printf("memory: %s weights %s, %s gradients; optimizer states as the library holds them%s\n", dtype_name(l->weights),
            master_name(l), dtype_name(l->grads), release ? "; gradient release: one layer's gradient slices, reused" : "");

@@ -161,11 +161,13 @@ static const char *optimizer_names[] = {"AdamW", "Adam", "SGD", "Lion", "RMSprop
 // (blocksize 0). Every 4th step is a subset step of `subset` tensors: ids step, step - 1, ... mod
 // the count (from 2 on, a later tensor before an earlier one). huge: at step 1, elements 32..34 of
 // each tensor get the gradients {huge, 0, 1} (group scales at their dtype's largest value).
-// g_scale: the gradients' magnitude (51 times it every 7th step).
+// g_scale: the gradients' magnitude (51 times it every 7th step). t1: "t1"'s own configuration (another
+// master or state format in the same launches).
 static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdtype, bnb8_dtype gdtype,
                                const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
                                const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f,
-                               int64_t t0_blocks = 0, float huge = 0.0f, float g_scale = 0.01f) {
+                               int64_t t0_blocks = 0, float huge = 0.0f, float g_scale = 0.01f,
+                               const bnb8_config *t1 = NULL) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
@@ -194,6 +196,10 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
         o.blocksize = 0;
         bnb8_optimizer_override(cpu, per_tensor_name, &o);
         bnb8_optimizer_override(gpu, per_tensor_name, &o);
+    }
+    if (t1) {
+        bnb8_optimizer_override(cpu, "t1", t1);
+        bnb8_optimizer_override(gpu, "t1", t1);
     }
     size_t ps = bnb8_dtype_size(pdtype), gs = bnb8_dtype_size(gdtype);
     std::vector<pair_tensor> t(sizes.size());
@@ -259,8 +265,8 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
             double a = bnb8_load(t[i].p_cpu.data(), pdtype, j), b = bnb8_load(back.data(), pdtype, j);
             if (a != b) { double rel = fabs(a - b) / fmax(fabs(a), 1e-30); worst = rel > worst ? rel : worst; }
         }
-        x_cpu.assign(t[i].n, 0.0f);
-        x_gpu.assign(t[i].n, 0.0f);
+        x_cpu.assign(t[i].n, 1.0f);      // poisoned apart: an export that writes nothing differs
+        x_gpu.assign(t[i].n, -1.0f);
         int ea = bnb8_optimizer_export_fp32(cpu, (int)i, x_cpu.data()), eb = bnb8_optimizer_export_fp32(gpu, (int)i, x_gpu.data());
         EXPECT(ea == 0 && eb == 0, "export_fp32: %s", bnb8_last_error());
         if (ea || eb || memcmp(x_cpu.data(), x_gpu.data(), t[i].n * sizeof(float)) != 0) exports_equal = 0;
@@ -848,6 +854,100 @@ static void shard_gpu_case(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdt, int
     cudaFree(pd); cudaFree(gd);
 }
 
+// Stochastic rounding (DESIGN.md §6.6): GPU equals CPU bit for bit (weights, state files with their
+// seeds, exports) for every kind x state format x bf16/fp16 weights, with a tensor of one absmax per
+// tensor, with 4-row chunks beside a tensor rounded to nearest, beside flash and 8-bit tensors with an
+// int8 correction in the same launches; then shards named alike in N GPU optimizers (ranks) against
+// the whole tensor on the CPU. LAMB and LARS run without their trust ratio here: its norms are summed
+// in another order on each back end, and stochastic rounding turns a rounding-level difference of a
+// result into an occasional other choice.
+static void sr_parity_case(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdt, const char *what, const char *per_tensor = NULL,
+                           int64_t t0_blocks = 0, const bnb8_config *t1 = NULL) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
+    int equal = 0;
+    double worst = optimizer_parity(kind, cfg, pdt, BNB8_BF16, sizes, steps(100), &equal, "t3", per_tensor, 1, 0.1f, t0_blocks,
+                                    0.0f, 0.01f, t1);
+    printf("    %-9s p %-4s %-34s: %s\n", optimizer_names[kind], dtype_name(pdt), what, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+    EXPECT(worst == 0.0 && equal, "%s p %s %s: params differ by %g rel, states or exports %s", optimizer_names[kind],
+           dtype_name(pdt), what, worst, equal ? "equal" : "differ");
+}
+
+static bnb8_config sr_config(bnb8_optim kind, bnb8_state_format format) {
+    bnb8_config cfg = bnb8_config_default(kind);
+    cfg.format = format;
+    cfg.min_8bit_size = 0;
+    cfg.weight_decay = 0.01f;
+    cfg.max_unorm = 0.0f;
+    cfg.sum_squares = 1;
+    cfg.correction_bytes = BNB8_CORRECTION_STOCHASTIC;
+    cfg.seed = test_u64(&rng);
+    return cfg;
+}
+
+static void test_stochastic_parity(void) {
+    for (bnb8_dtype pdt : {BNB8_BF16, BNB8_F16}) {
+        for (int kind = 0; kind < BNB8_NUM_OPTIMIZERS; kind++) {
+            sr_parity_case((bnb8_optim)kind, sr_config((bnb8_optim)kind, BNB8_STATE_32BIT), pdt, "32-bit");
+            sr_parity_case((bnb8_optim)kind, sr_config((bnb8_optim)kind, BNB8_STATE_8BIT), pdt, "8-bit");
+            if (kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION)
+                sr_parity_case((bnb8_optim)kind, sr_config((bnb8_optim)kind, BNB8_STATE_FLASH), pdt, "flash");
+        }
+        sr_parity_case(BNB8_ADAMW, sr_config(BNB8_ADAMW, BNB8_STATE_8BIT), pdt, "8-bit, t2 one absmax", "t2");
+        sr_parity_case(BNB8_ADAMW, sr_config(BNB8_ADAMW, BNB8_STATE_8BIT), pdt, "8-bit, t0 nearest in blocks of 4096", NULL, 4096);
+        bnb8_config flash_int8 = sr_config(BNB8_ADAMW, BNB8_STATE_FLASH), sr8 = sr_config(BNB8_ADAMW, BNB8_STATE_8BIT);
+        flash_int8.correction_bytes = 1;
+        sr8.seed = flash_int8.seed;
+        sr_parity_case(BNB8_ADAMW, flash_int8, pdt, "flash int8, t1 8-bit stochastic", NULL, 0, &sr8);
+        bnb8_config int8 = sr8;
+        int8.correction_bytes = 1;
+        sr_parity_case(BNB8_ADAMW, sr8, pdt, "8-bit stochastic, t1 8-bit int8", NULL, 0, &int8);
+    }
+    // Shards of one tensor "w" in N GPU optimizers (the trainer's ranks), against the whole on the CPU.
+    for (int N : {2, 4}) {
+        for (bnb8_state_format fmt : {BNB8_STATE_32BIT, BNB8_STATE_8BIT, BNB8_STATE_FLASH}) {
+            bnb8_config cfg = sr_config(BNB8_ADAMW, fmt);
+            const int64_t unit = 4096, total = unit * 4 * N + 77;
+            const size_t bytes = 2 * (size_t)total;
+            std::vector<uint8_t> pw(bytes), g(bytes), back(bytes);
+            fill_random(pw.data(), BNB8_BF16, total, 0.1f);
+            uint8_t *pd = device_copy(pw.data(), bytes), *gd = NULL;
+            CUDA_CHECK(cudaMalloc(&gd, bytes));
+            bnb8_optimizer *whole = NULL;
+            std::vector<bnb8_optimizer *> rank(N, (bnb8_optimizer *)NULL);
+            int ok = bnb8_optimizer_create(&whole, BNB8_ADAMW, &cfg) == 0 &&
+                     bnb8_optimizer_add(whole, "w", pw.data(), BNB8_BF16, g.data(), BNB8_BF16, total, NULL) == 0;
+            for (int k = 0; ok && k < N; k++) {
+                bnb8_config o = cfg;
+                o.shard_offset = unit * 4 * k;
+                o.shard_total = total;
+                int64_t n = k + 1 < N ? unit * 4 : total - o.shard_offset;
+                ok = bnb8_optimizer_create(&rank[k], BNB8_ADAMW, &o) == 0 &&
+                     bnb8_optimizer_add(rank[k], "w", pd + 2 * o.shard_offset, BNB8_BF16, gd + 2 * o.shard_offset, BNB8_BF16, n, NULL) == 0;
+            }
+            EXPECT(ok, "shards: %s", bnb8_last_error());
+            for (int step = 1; ok && step <= 20; step++) {
+                fill_random(g.data(), BNB8_BF16, total, 0.01f);
+                if (step % 7 == 3) bnb8_store(g.data(), BNB8_BF16, (step * 4099) % total, NAN);
+                CUDA_CHECK(cudaMemcpy(gd, g.data(), bytes, cudaMemcpyHostToDevice));
+                ok = bnb8_optimizer_step(whole, cfg.lr, 1.0f, NULL) == 0;
+                for (int k = 0; k < N; k++) ok = ok && bnb8_optimizer_step(rank[k], cfg.lr, 1.0f, NULL) == 0;
+                EXPECT(ok, "shards: step %d: %s", step, bnb8_last_error());
+            }
+            CUDA_CHECK(cudaMemcpy(back.data(), pd, bytes, cudaMemcpyDeviceToHost));
+            int64_t nw = test_take_nonfinite(whole), ng = 0;
+            for (int k = 0; k < N; k++) ng += test_take_nonfinite(rank[k]);
+            EXPECT(nw == ng && nw > 0, "%d shards format %d: non-finite counts whole %lld, shards %lld", N, (int)fmt, (long long)nw, (long long)ng);
+            bool same = memcmp(pw.data(), back.data(), bytes) == 0;
+            printf("    AdamW     p bf16 %d GPU shards, format %d vs the CPU's whole tensor: %s\n", N, (int)fmt, same ? "bit-identical" : "DIFFERENT");
+            EXPECT(same, "%d shards format %d: the GPU shards' weights differ from the CPU's whole tensor", N, (int)fmt);
+            bnb8_optimizer_free(whole);
+            for (int k = 0; k < N; k++) bnb8_optimizer_free(rank[k]);
+            cudaFree(pd);
+            cudaFree(gd);
+        }
+    }
+}
+
 static void test_shard_parity(void) {
     struct { bnb8_optim kind; int format; int64_t blocksize; bnb8_dtype pdt; int correction; } cases[] = {
         {BNB8_ADAMW, BNB8_STATE_FLASH, 256, BNB8_BF16, 1},    // the fast path
@@ -901,5 +1001,7 @@ int main(void) {
     test_run("one absmax per tensor: 100 steps, GPU equals CPU for every optimizer, alone and among blocked tensors", test_per_tensor_parity);
     test_run("gnorm_scale_at: a device factor written before each step, GPU equals CPU at the products", test_gnorm_scale_at);
     test_run("shards: N = 1, 2, 4, 8 shards in one GPU launch equal the CPU's shards and whole tensor", test_shard_parity);
+    test_run("stochastic rounding: 100 steps, GPU equals CPU for every optimizer x format x bf16/fp16, mixed launches, shards",
+             test_stochastic_parity);
     return test_summary();
 }

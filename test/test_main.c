@@ -20,5 +20,6 @@ int main(void) {
     tests_messages();
     tests_api();
     tests_llmc_adapter();
+    tests_round();
     return test_summary();
 }

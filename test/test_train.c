@@ -1,7 +1,7 @@
 /*
 test_train.c — the GPT-2 trainer (DESIGN.md §8, §12): gradients against finite differences of an
-independent double-precision forward, training lowers the loss and 8bit, flash and 8bit-int8 stay within 2%
-of fp32 with the bytes per parameter of their formats, resume is bit-exact, every loader refuses bad
+independent double-precision forward, training lowers the loss and 8bit, flash, 8bit-int8 and 8bit-sr
+stay within 2% of fp32 with the bytes per parameter of their formats, resume is bit-exact, every loader refuses bad
 files with a message naming the file, and what the CPU build reaches of checkpoints over NCCL (rank
 files' names, every rank's file, the trainer state's ranks, another number of ranks refused).
 
@@ -322,11 +322,11 @@ static void tiny_args(TrainArgs *a, const char *recipe, const char *optimizer, i
 
 // Persistent bytes of a recipe on the CPU by the formats (DESIGN.md §8.6), tensor by tensor: fp32
 // weights and gradients where the master is fp32 (they are one), else bf16 weights + an int8
-// correction + bf16 gradients; per state 4 bytes an element (32-bit states, and every tensor under
+// correction (none under stochastic rounding) + bf16 gradients; per state 4 bytes an element (32-bit states, and every tensor under
 // 4096 elements), 8-bit codes + an fp32 absmax per 256, or flash codes + a bf16 scale per 32.
 static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
     int r = find_recipe(recipe);
-    int wide = recipes[r].correction_bytes == 4;
+    int wide = recipes[r].correction_bytes == 4, master = wide ? 0 : recipes[r].correction_bytes > 0 ? recipes[r].correction_bytes : 0;
     int64_t sizes[GPT2_NUM_PARAMS];
     gpt2_param_sizes(c, sizes);
     bnb8_memory m = {0};
@@ -335,7 +335,7 @@ static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
         m.params += sizes[i];
         m.weights += (wide ? 4 : 2) * n;
         m.gradients += (wide ? 4 : 2) * n;
-        m.correction += (wide ? 0 : 1) * n;
+        m.correction += master * n;
         double per_state = sizes[i] < 4096 || recipes[r].states == BNB8_STATE_32BIT ? 4 * n
                          : recipes[r].states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
                          : n + 2.0 * (double)((sizes[i] + 31) / 32);
@@ -345,9 +345,9 @@ static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
 }
 
 static void test_training(void) {
-    const char *rec[4] = {"fp32", "8bit", "flash", "8bit-int8"};
-    float val[4] = {0, 0, 0, 0};
-    for (int k = 0; k < 4; k++) {
+    const char *rec[5] = {"fp32", "8bit", "flash", "8bit-int8", "8bit-sr"};
+    float val[5] = {0, 0, 0, 0, 0};
+    for (int k = 0; k < 5; k++) {
         TrainArgs a;
         tiny_args(&a, rec[k], "adamw", 50);
         float losses[50];
@@ -380,7 +380,7 @@ static void test_training(void) {
         if (tverbose) printf("    %s: weights %.3f + master %.3f + gradients %.3f + states %.3f = %.3f bytes/param\n", rec[k],
                              got.weights / P, got.correction / P, got.gradients / P, got.states / P, bpp);
     }
-    for (int k = 1; k < 4; k++) {
+    for (int k = 1; k < 5; k++) {
         double gap = (val[k] - val[0]) / val[0];
         EXPECT(fabs(gap) <= 0.02, "%s val loss %.5f vs fp32 %.5f: gap %.2f%%", rec[k], (double)val[k], (double)val[0], 100 * gap);
         printf("    %-9s vs fp32 after 50 steps: val loss %.5f vs %.5f, gap %+.3f%%\n", rec[k], (double)val[k], (double)val[0],
@@ -570,10 +570,12 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
 // Checkpoint sizes (DESIGN.md §8.4), measured from the files of each recipe on the CPU against the
 // bytes its formats give, tensor by tensor: per record 4 + name + 40 + payload + 4 bytes, the payload
 // the weights as kept (fp32 for fp32 and 8bit, whose fp32 weights are their own master; bf16 + an int8
-// correction for flash and 8bit-int8) and AdamW's two states (32-bit under 4096 elements and for fp32;
+// correction for flash and 8bit-int8; bf16 alone for 8bit-sr, whose records of version 4 hold 24 bytes
+// more: the shard's offset and total, the rounding's seed) and AdamW's two states (32-bit under 4096 elements and for fp32;
 // 8-bit codes + an fp32 absmax per 256; flash codes + a bf16 scale per 32); the optimizer file's
 // 24-byte header, the trainer state's 256 bytes, an empty DONE. A tensor of a multiple of 256
-// elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125.
+// elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125,
+// 4.03125.
 // -l 0 changes no weight (the checks that compare final weights across layouts use it): the masters
 // after 1 and after 3 steps at lr 0 are equal bit for bit, and 1 step at lr 1e-2 moves them.
 static void test_zero_lr(void) {
@@ -617,9 +619,9 @@ static void test_zero_lr(void) {
 }
 
 static void test_checkpoint_sizes(void) {
-    const char *rec[4] = {"fp32", "8bit", "8bit-int8", "flash"};
-    const double target[4] = {12.0, 6.03125, 5.03125, 5.125};
-    for (int k = 0; k < 4; k++) {
+    const char *rec[5] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr"};
+    const double target[5] = {12.0, 6.03125, 5.03125, 5.125, 4.03125};
+    for (int k = 0; k < 5; k++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, "%s/sizes_%s", tdir, rec[k]);
         TrainArgs a;
@@ -634,16 +636,17 @@ static void test_checkpoint_sizes(void) {
         gpt2_param_sizes(&c, sizes);
         const Recipe *rp = &recipes[find_recipe(rec[k])];
         int fp32 = rp->correction_bytes == 4;   // on the CPU: fp32 weights, their own master
+        int sr = rp->correction_bytes == BNB8_CORRECTION_STOCHASTIC;   // bf16 weights alone; records of version 4
         double want = 24.0, wte_payload = 0.0;
         for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
             if (!sizes[i]) continue;
-            double n = (double)sizes[i], weights = fp32 ? 4 * n : 2 * n + n;
+            double n = (double)sizes[i], weights = fp32 ? 4 * n : sr ? 2 * n : 2 * n + n;
             double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
                              : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
                              : n + 2.0 * (double)((sizes[i] + 31) / 32);
             double payload = weights + 2 * per_state;
             if (i == GPT2_WTE) wte_payload = payload;
-            want += 4 + (double)strlen(gpt2_param_names[i]) + 40 + payload + 4;
+            want += 4 + (double)strlen(gpt2_param_names[i]) + (sr ? 64 : 40) + payload + 4;   // v4: shard, seed
             P += sizes[i];
         }
         checkpoint_path(path, sizeof path, dir, "optim", 2, ".bin");
@@ -731,6 +734,8 @@ static void test_resume(void) {
     resume_case("flash", "sgd", 0, 0, -1);
     resume_case("8bit-int8", "adamw", 0, 1, -1);
     resume_case("8bit-int8", "lion", 1, 0, -1);
+    resume_case("8bit-sr", "adamw", 0, 0, -1);   // the rounding's seed travels in the optimizer file
+    resume_case("8bit-sr", "sgd", 1, 0, -1);
     resume_case("flash", "adamw", 0, 0, CLIP_PREV);   // the previous norm travels in the trainer state
     resume_case("8bit", "adamw", 1, 0, CLIP_PREV);
     resume_case("flash", "adamw", 0, 0, CLIP_EST);     // the est rule's profile travels in the trainer state
@@ -1699,10 +1704,10 @@ void tests_train(void) {
     test_run("train: gradients vs finite differences of a double forward", test_gradients);
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
-    test_run("train: 50 steps lower the loss; 8bit, flash and 8bit-int8 within 2% of fp32; bytes per parameter", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8; adamw, lion, sgd; the version 1 layout)",
+    test_run("train: 50 steps lower the loss; 8bit, flash, 8bit-int8, 8bit-sr within 2% of fp32; bytes per parameter", test_training);
+    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8, 8bit-sr; adamw, lion, sgd; the version 1 layout)",
              test_resume);
-    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125 bytes/param",
+    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125, 8bit-sr 4.03 bytes/param",
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);

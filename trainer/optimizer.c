@@ -28,6 +28,7 @@ static int optimizer_build(Trainer *t) {
     if (r->states == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = t->a.blocksize; }
     if (r->states == BNB8_STATE_FLASH) cfg.scale_dtype = scale_dtypes[t->scale].dtype;
     cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
+    cfg.seed = t->a.seed;                           // stochastic rounding's (a resume takes the file's)
     cfg.sum_squares = t->rule == CLIP_PREV;         // the norm the next step clips with
     cfg.gnorm_scale_at = t->rule == CLIP_EST ? t->scale_at : NULL;   // each group's scale, set before its step
     if (t->oc->kind == BNB8_ADAMW) cfg.beta2 = 0.95f;   // GPT-2 practice (llm.c, nanoGPT)
@@ -59,7 +60,8 @@ static int optimizer_build(Trainer *t) {
             char *param = (char *)t->param[i] + es * (size_t)(l * n + off);
             if (bnb8_optimizer_add(t->opt, name, param, lay->weights, grad, lay->grads, count, &id))
                 return train_fail("optimizer: %s", bnb8_last_error());
-            // bf16 weights: bf16 + master of the fp32 weights (fp32 ones already are the weights)
+            // bf16 weights: bf16 + master of the fp32 weights (fp32 ones already are the weights;
+            // without a master, stochastic rounding too, the weights are the fp32 ones rounded to nearest)
             if (lay->weights != BNB8_F32 && bnb8_optimizer_import_fp32(t->opt, id, m->params_memory + param_offset(m, i) + l * n + off))
                 return train_fail("optimizer: %s", bnb8_last_error());
             t->state_bytes[i] += bnb8_optimizer_memory(t->opt, 0).states - before;

@@ -10,14 +10,17 @@ file or the optimizer: it decides what the run is, the other files do it.
 #include "settings.h"
 
 // On the GPU every recipe is a bf16 mixed-precision run (DESIGN.md §8.7): bf16 weights and gradients,
-// with an fp32 master the optimizer owns and rounds into the weights, or an int8 correction each (a
-// near-fp32 master, §6.1). Tensors under min_8bit_size and StableEmbedding's wte keep 32-bit states and
-// their master. A row's index is the trainer state file's: new rows go last.
+// with an fp32 master the optimizer owns and rounds into the weights, an int8 correction each (a
+// near-fp32 master, §6.1), or no master, each step's result rounded stochastically into the weights
+// (§6.6, seeded from -d). Tensors under min_8bit_size and StableEmbedding's wte keep 32-bit states and
+// their master (or its absence). A row's index is the trainer state file's: new rows go last.
 const Recipe recipes[] = {
     {"fp32", BNB8_STATE_32BIT, BNB8_BF16, BNB8_BF16, 4, "32-bit states, fp32 master (llm.c's layout)"},
     {"8bit", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 4, "8-bit block-wise states, fp32 master (bitsandbytes)"},
     {"flash", BNB8_STATE_FLASH, BNB8_BF16, BNB8_BF16, 1, "companded 8-bit states, int8 correction (FlashOptim)"},
     {"8bit-int8", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 1, "8-bit block-wise states, int8 correction"},
+    {"8bit-sr", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, BNB8_CORRECTION_STOCHASTIC,
+     "8-bit block-wise states, no master: stochastic rounding"},
 };
 const int num_recipes = (int)(sizeof recipes / sizeof recipes[0]);
 
@@ -99,10 +102,10 @@ void usage(FILE *f) {
         "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
         "              with its master, and the states) + the trainer state, their bytes per parameter by recipe in\n"
         "              doc/trainer.md; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
-        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash (doc/trainer.md)  (default %s)\n"
+        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash | 8bit-sr (doc/trainer.md)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
-        "  -M <name>   8bit, 8bit-int8: the states' quantization map, dynamic | linear (ablation)  (default dynamic)\n"
-        "  -K <int>    8bit, 8bit-int8: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
+        "  -M <name>   8bit, 8bit-int8, 8bit-sr: the states' map, dynamic | linear (ablation)  (default dynamic)\n"
+        "  -K <int>    8bit, 8bit-int8, 8bit-sr: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
         "  -S <name>   flash: the group scales' dtype, e6m10 | bf16 | fp16 | fp32 (default e6m10; resuming: the\n"
         "              checkpoint's, bf16 for a checkpoint of the version 1 layout)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
@@ -310,7 +313,7 @@ int check_settings(Trainer *t, int on_gpu) {
                           (double)t->lr * t->wd);
     t->lay = run_layout(t->recipe, on_gpu, a->parity);
     if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && t->recipe->states != BNB8_STATE_8BIT)
-        return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit or 8bit-int8");
+        return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit, 8bit-int8 or 8bit-sr");
     if (a->scale_dtype < -1 || a->scale_dtype >= num_scale_dtypes) return train_fail("unknown scale dtype %d", a->scale_dtype);
     if (a->scale_dtype >= 0 && t->recipe->states != BNB8_STATE_FLASH)
         return train_fail("-S sets the flash states' group scale dtype: it needs -r flash");

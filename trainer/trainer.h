@@ -29,7 +29,8 @@ typedef struct {
     const char *name;
     bnb8_state_format states;
     bnb8_dtype weights, grads;   // the persistent weights, the gradients the optimizer reads
-    int correction_bytes;        // the master of bf16 weights: 4 an fp32 master, 1 an int8 correction
+    int correction_bytes;        // the master of bf16 weights: 4 an fp32 master, 1 an int8 correction,
+                                 // BNB8_CORRECTION_STOCHASTIC none (stochastic rounding)
     const char *about;
 } Recipe;
 
@@ -183,7 +184,8 @@ typedef struct {
 } Device;
 
 // What a run keeps (run_layout): its weights' and gradients' dtypes and the master of its weights
-// (cfg.correction_bytes: 0 none, 1 int8, 4 an fp32 master).
+// (cfg.correction_bytes: 0 none, 1 int8, 4 an fp32 master, BNB8_CORRECTION_STOCHASTIC none with
+// stochastic rounding).
 typedef struct {
     bnb8_dtype weights, grads;
     int correction_bytes;
