@@ -19,5 +19,6 @@ int main(void) {
     tests_export();
     tests_messages();
     tests_api();
+    tests_four();
     return test_summary();
 }
