@@ -351,7 +351,7 @@ static bnb8_status bnb8_check_compand(const char *fn, const void *a, const void 
 
 // Group g of count (<= 32) values x: its scale, the group absmax of the values' magnitudes rounded
 // in scale_dtype, into scales[g], and their codes, a byte each (DESIGN.md §6.2): 8-bit ones, or with
-// four the 4-bit ones of flash4 (§13). The array function and the CPU flash steps.
+// four the 4-bit ones of flash4 (§5.7). The array function and the CPU flash steps.
 static void bnb8_compand_group(const float *x, int64_t count, int is_signed, int four, bnb8_dtype scale_dtype,
                                void *scales, int64_t g, uint8_t *codes) {
     float m[BNB8_FLASH_GROUP], amax = 0.0f;
@@ -481,7 +481,7 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
 static int bnb8_flash_kind(bnb8_optim kind) {
     return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION;
 }
-// The formats of 4-bit codes, two per byte (DESIGN.md §13), and the companded ones (a scale per 32).
+// The formats of 4-bit codes, two per byte (DESIGN.md §5.7), and the companded ones (a scale per 32).
 static int bnb8_four_format(int format) { return format == BNB8_STATE_4BIT || format == BNB8_STATE_FLASH4; }
 static int bnb8_companded_format(int format) { return format == BNB8_STATE_FLASH || format == BNB8_STATE_FLASH4; }
 // The state of an optimizer kind that rank-1 normalization applies to: its non-negative one (the Adam
@@ -571,7 +571,7 @@ static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8
     if (own && c->blocksize == 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: blocksize 0 (one absmax per tensor) is for the 8-bit format; %s%s", fn, own,
                          c->format == BNB8_STATE_4BIT ? " and blocks (the paper's: 128)" : " and a scale per group of 32");
-    // Rank-1 normalization is of the 4-bit format's non-negative state (DESIGN.md §13).
+    // Rank-1 normalization is of the 4-bit format's non-negative state (DESIGN.md §5.7).
     if (c->row_size < 0 || c->row_size >= (INT64_C(1) << 47))   // a state file keeps it in 47 bits (DESIGN.md §7)
         return bnb8_fail(BNB8_ERR_ARG, "%s: row_size %lld not in 0..2^47 - 1", fn, (long long)c->row_size);
     if (c->row_size > 0 && c->format != BNB8_STATE_4BIT)
@@ -1121,7 +1121,7 @@ static float bnb8_trust_cpu(const bnb8_tensor *t, const bnb8_step_args *a) {
     return bnb8_trust_ratio(a->max_unorm, (float)p2, (float)u2);
 }
 
-// One flash or flash4 step of a CPU tensor (DESIGN.md §6.3, §13), group by group of 32 in the order
+// One flash or flash4 step of a CPU tensor (DESIGN.md §6.3, §5.7), group by group of 32 in the order
 // bnb8.h describes for both back ends: reconstruct each master weight, expand its states with the
 // group's old scales, update in fp32, store the weight and its correction; then per state the
 // group's new absmax, its stored (rounded) scale and the codes against that scale.
@@ -1226,7 +1226,7 @@ static void bnb8_requantize_block(const bnb8_optimizer *opt, bnb8_tensor *t, int
     }
 }
 
-// Rank-1 4-bit states (DESIGN.md §13): the codes of the non-negative state need the new row and
+// Rank-1 4-bit states (DESIGN.md §5.7): the codes of the non-negative state need the new row and
 // column maxima of the whole tensor. Pass 1 computes every fresh state and keeps only those maxima
 // (each thread its own in t->rank1_work, then merged: fmaxf is exact in any order); pass 2 computes
 // the same floats again and stores weights and codes block by block (the other states' blocks as
@@ -1421,6 +1421,9 @@ static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count,
         g->grad_dtype = t->grad_dtype;
         g->eight_bit = t->format == BNB8_STATE_8BIT;
         g->blocksize = (int32_t)t->cfg.blocksize;
+        g->rows = t->rows;
+        g->row_size = t->row_size;
+        g->rank1_k = t->rank1_k;
         g->percentile = t->cfg.percentile_clipping;
         g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
         g->format = t->format;

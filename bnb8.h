@@ -171,7 +171,7 @@ typedef enum {
 } bnb8_optim;
 // fp32 states; 8-bit block-wise codes + an fp32 absmax per block; flash (AdamW, Adam, SGD, Lion):
 // companded codes + a scale per 32, and bf16/fp16 weights carry a master weight correction.
-// 4-bit (DESIGN.md §13), two codes per byte (the low nibble the even element): BNB8_STATE_4BIT, Li et
+// 4-bit (DESIGN.md §5.7), two codes per byte (the low nibble the even element): BNB8_STATE_4BIT, Li et
 // al.'s block-wise codes of 16-value maps + an fp32 absmax per block (the paper's block: 128), the
 // second moment optionally rank-1 normalized (cfg.row_size); BNB8_STATE_FLASH4 (AdamW, Adam, SGD,
 // Lion), companded 4-bit codes + a scale per 32 as flash.
@@ -961,7 +961,7 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
     return bnb8_expand_from_unit(bnb8_expand_unit(code, is_signed), scale, is_signed);
 }
 
-// ==== [math.four] 4-bit states: 16-value maps, nibbles, rank-1 scales, companded codes (DESIGN.md §13)
+// ==== [math.four] 4-bit states: 16-value maps, nibbles, rank-1 scales, companded codes (DESIGN.md §5.7)
 // Two codes per byte: element 2j in the low nibble of byte j, 2j + 1 in the high one. The high
 // nibble of an odd n's last byte holds the pad code (bnb8_four_pad), which every writer keeps.
 //   BNB8_STATE_4BIT (Li, Chen, Zhu, NeurIPS 2023): per state, an fp32 absmax per block as the 8-bit
@@ -1008,9 +1008,12 @@ BNB8_HD uint8_t bnb8_nibble_pair(int even, int odd) { return (uint8_t)((even & 1
 // Rank-1 normalization of a matrix of rows x cols (cfg.row_size = cols): maxima holds the rows' maxima
 // (rows floats), then the columns' (cols floats); element i = r cols + c has the scale
 // min(maxima[r], maxima[rows + c]), which is >= the element: its state / scale lies in [0, 1].
+BNB8_HD float bnb8_rank1_min(const float *maxima, int64_t rows, int64_t r, int64_t c) {
+    return fminf(maxima[r], maxima[rows + c]);
+}
 BNB8_HD float bnb8_rank1_scale(const float *maxima, int64_t rows, int64_t cols, int64_t i) {
     int64_t r = i / cols;
-    return fminf(maxima[r], maxima[rows + (i - r * cols)]);
+    return bnb8_rank1_min(maxima, rows, r, i - r * cols);
 }
 
 // Companded 4-bit codes (BNB8_STATE_FLASH4), flash's (§6.2) with 16 codes: m as bnb8_compand_code's.
@@ -1141,24 +1144,29 @@ BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
 // ==== [gpu.step] one step's tensor descriptors, the launch, memory helpers (DESIGN.md §10) =======
 // The optimizer's GPU path: bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
-// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes.
+// the 8-bit ones with one absmax per tensor (blocksize 0) and the rank-1 4-bit ones in two more, as
+// the CPU's two passes.
 
 typedef struct {
     void *param;
     const void *grad;
-    void *state[3];              // (n) floats, or (n) codes
-    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit state; (1) for blocksize 0
+    void *state[3];              // (n) floats, (n) codes, or (ceil(n / 2)) bytes of 4-bit codes
+    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit or 4-bit state; (1) for blocksize 0;
+                                 // (rows + row_size) maxima of a rank-1 state
     float *history;              // (100) squared gradient norms when percentile clipping is on
     int64_t n;
     int64_t step;                // the tensor's step count, this step included
     int64_t first_chunk;         // filled by bnb8_cuda.cu: index of this tensor's first chunk
     int32_t param_dtype, grad_dtype, eight_bit, blocksize, percentile;
     bnb8_step_args args;
-    int32_t format;              // bnb8_state_format of the states (32-bit, 8-bit, flash)
+    int32_t format;              // bnb8_state_format of the states (32-bit, 8-bit, flash, 4-bit, flash4)
     int32_t correction_bytes;    // 0, or 1 / 2 / 4: param is bf16/fp16 with an int8/int16 correction or fp32 master
     int32_t scale_dtype;         // flash states: the dtype of the group scales
     void *correction;            // (n) int8, int16 or fp32, when correction_bytes > 0
-    void *scale[2];              // flash states: (ceil(n / 32)) scales per state
+    void *scale[2];              // flash and flash4 states: (ceil(n / 32)) scales per state
+    int64_t rows, row_size;      // 4-bit states of a matrix: state rank1_k is rank-1 normalized; else 0
+    int32_t rank1_k;
+    unsigned *rank1_max;         // filled by bnb8_cuda.cu: the step's new row and column maxima (float bits)
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
     const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL
     double *units;               // filled by bnb8_cuda.cu: the tensor's per-128-element partial sums

@@ -1,5 +1,5 @@
 /*
-test_four.c — 4-bit optimizer states (DESIGN.md §13), each against an independent reference written
+test_four.c — 4-bit optimizer states (DESIGN.md §5.7), each against an independent reference written
 here from DESIGN.md: double precision or brute force, fresh random inputs, every element checked.
 
   1. The 4-bit maps against their definitions computed here in double (the dynamic construction with
@@ -76,7 +76,7 @@ static int ref_nearest(int is_signed, float x) {
     return q;
 }
 
-// The code of a state value s under scale a (DESIGN.md §13): the zero code for a = 0; else the
+// The code of a state value s under scale a (DESIGN.md §5.7): the zero code for a = 0; else the
 // nearest code of s / a, and a negative s whose code decodes to zero or above takes the largest
 // negative code.
 static int ref_code(int is_signed, float s, float a) {
@@ -160,7 +160,7 @@ static void test_nearest(void) {
     EXPECT(kept > 1000, "the sign rule was met only %lld times", (long long)kept);
 }
 
-// flash4's codes by their definition (DESIGN.md §13), in float as written there: signed
+// flash4's codes by their definition (DESIGN.md §5.7), in float as written there: signed
 // q = floor(7 y + 0.5) of the softsign y = 2z/(1 + |z|), z = x/s, clamped to [-7, 7], as a nibble;
 // unsigned k = floor(16 sqrt(x)/s + 0.5) clamped to 1..16, code k - 1. Scale 0, non-finite x: 0.
 static int ref_compand4(float x, float scale, int is_signed) {
@@ -174,7 +174,7 @@ static int ref_compand4(float x, float scale, int is_signed) {
     k = k < 1.0f ? 1.0f : k > 16.0f ? 16.0f : k;
     return (int)k - 1;
 }
-// The value of a flash4 code (DESIGN.md §13): y = q/7, z = y/(2 - |y|), x = z s; (((c + 1)/16) s)^2.
+// The value of a flash4 code (DESIGN.md §5.7): y = q/7, z = y/(2 - |y|), x = z s; (((c + 1)/16) s)^2.
 static float ref_expand4(int c, float scale, int is_signed) {
     if (is_signed) {
         float y = (float)(c >= 8 ? c - 16 : c) / 7.0f, z = y / (2.0f - fabsf(y));
@@ -714,7 +714,7 @@ static void test_four_resume(void) {
     resume_case(c, BNB8_BF16, "flash4, bf16 + int8");
 }
 
-// bnb8_optimizer_memory against a hand count (DESIGN.md §13): per state half a byte per value (an
+// bnb8_optimizer_memory against a hand count (DESIGN.md §5.7): per state half a byte per value (an
 // odd n rounds up) plus 4 bytes per block, 4 per row and column of a rank-1 state, or the scale
 // dtype's bytes per group of 32; the correction a byte per value.
 static void test_four_memory(void) {
