@@ -7,8 +7,10 @@ bnb8 keeps an optimizer's states in 8 bits instead of 32. Its 8-bit states are b
 block-wise dynamic quantization: a byte per element, a code of a 256-value map, and a float scale
 per block of elements. Its flash states are FlashOptim's: companded codes with a scale per 32
 elements, and bf16/fp16 weights that carry a master weight correction, so that they step like fp32
-weights. It has AdamW, Adam, SGD, Lion, RMSprop, Adagrad, LAMB, LARS and AdEMAMix; tensors live in
-CPU or GPU memory, and both give the same bits. The library is three files: this header, bnb8.c
+weights. Its 4-bit states are Li, Chen and Zhu's (16-value maps, blocks of 128, the second moment
+rank-1 normalized) or flash's companding with 16 codes, two codes per byte. It has AdamW, Adam,
+SGD, Lion, RMSprop, Adagrad, LAMB, LARS and AdEMAMix; tensors live in CPU or GPU memory, and both
+give the same bits. The library is three files: this header, bnb8.c
 (the CPU, with OpenMP) and bnb8_cuda.cu (the GPU). This header is its reference; DESIGN.md holds
 the formats, the numerics and the reasons.
 

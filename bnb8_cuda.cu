@@ -1733,6 +1733,35 @@ __global__ void bnb8_absmax_kernel(const bnb8_gpu_tensor *tensors, int first, in
     for (int k = 0; k < t->args.nstates; k++) t->absmax[k][0] = bnb8_bits_f32(tensor_max[3 * ti + k]);
 }
 
+// Scratch of a launch in *pool (grown when a step needs more: cudaFree and cudaMalloc, which wait for
+// the device; the contents are not kept), shared out in tensor order: tensor i gets per(&t[i])
+// elements at t[i].*field, NULL for none. *total: the elements shared out.
+template <typename T>
+static bnb8_status bnb8_scratch_share(const char *fn, bnb8_gpu_tensor *t, int count, T **pool, int64_t *capacity,
+                                      T *bnb8_gpu_tensor::*field, int64_t (*per)(const bnb8_gpu_tensor *), int64_t *total) {
+    int64_t need = 0;
+    for (int i = 0; i < count; i++) need += per(&t[i]);
+    if (need > *capacity) {
+        cudaFree(*pool);
+        *pool = NULL;
+        *capacity = 0;
+        bnb8_status status = bnb8_cuda_status(fn, cudaMalloc((void **)pool, sizeof(T) * (size_t)need));
+        if (status) return status;
+        *capacity = need;
+    }
+    for (int64_t i = 0, at = 0; i < count; i++) {
+        int64_t k = per(&t[i]);
+        t[i].*field = k ? *pool + at : NULL;
+        at += k;
+    }
+    *total = need;
+    return BNB8_OK;
+}
+static int64_t bnb8_units_of(const bnb8_gpu_tensor *t) {
+    return t->sum_squares ? (t->n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
+}
+static int64_t bnb8_maxima_of(const bnb8_gpu_tensor *t) { return t->row_size > 0 ? t->rows + t->row_size : 0; }
+
 extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                                       const float code_unsigned[256], const float code_signed[256],
                                       const bnb8_codebook books[2], cudaStream_t stream) {
@@ -1776,33 +1805,13 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
         t[i].first_chunk = chunks;
         chunks += (t[i].n + chunk - 1) / chunk;
     }
-    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks, units = 0;
-    for (int i = 0; i < count; i++) units += t[i].sum_squares ? (t[i].n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
-    if (units > c->units_capacity) {
-        cudaFree(c->units);
-        c->units = NULL;
-        c->units_capacity = 0;
-        if ((status = bnb8_cuda_status(fn, cudaMalloc(&c->units, sizeof(double) * (size_t)units)))) return status;
-        c->units_capacity = units;
-    }
-    for (int64_t i = 0, u = 0; i < count; i++) {
-        t[i].units = t[i].sum_squares ? c->units + u : NULL;
-        u += t[i].sum_squares ? (t[i].n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
-    }
-    // The rank-1 tensors' scratch: each its rows' and columns' new maxima, zeroed before the max pass.
-    int64_t maxima = 0;
-    for (int i = 0; i < count; i++) maxima += t[i].row_size > 0 ? t[i].rows + t[i].row_size : 0;
-    if (maxima > c->rank1_capacity) {
-        cudaFree(c->rank1_max);
-        c->rank1_max = NULL;
-        c->rank1_capacity = 0;
-        if ((status = bnb8_cuda_status(fn, cudaMalloc(&c->rank1_max, sizeof(unsigned) * (size_t)maxima)))) return status;
-        c->rank1_capacity = maxima;
-    }
-    for (int64_t i = 0, m = 0; i < count; i++) {
-        t[i].rank1_max = t[i].row_size > 0 ? c->rank1_max + m : NULL;
-        m += t[i].row_size > 0 ? t[i].rows + t[i].row_size : 0;
-    }
+    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks, units = 0, maxima = 0;
+    // The launch's scratch: cfg.sum_squares' units; the rank-1 tensors' new row and column maxima,
+    // zeroed before the max pass.
+    if ((status = bnb8_scratch_share(fn, t, count, &c->units, &c->units_capacity, &bnb8_gpu_tensor::units, bnb8_units_of, &units)) ||
+        (status = bnb8_scratch_share(fn, t, count, &c->rank1_max, &c->rank1_capacity, &bnb8_gpu_tensor::rank1_max,
+                                     bnb8_maxima_of, &maxima)))
+        return status;
     h->total_chunks = chunks;
     h->count = count;
     h->blocked = blocked;

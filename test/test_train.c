@@ -324,8 +324,7 @@ static void tiny_args(TrainArgs *a, const char *recipe, const char *optimizer, i
 // weights and gradients where the master is fp32 (they are one), else bf16 weights + an int8
 // correction + bf16 gradients; per state 4 bytes an element (32-bit states, and every tensor under
 // 4096 elements), 8-bit codes + an fp32 absmax per 256, flash codes + a bf16 scale per 32, or 4-bit
-// codes (half a byte) + an fp32 absmax per 128, v of a matrix with its rows' and columns' maxima
-// (rows of C elements, 4C for fcprojw).
+// codes (half a byte) + an fp32 absmax per 128.
 static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
     int r = find_recipe(recipe);
     int wide = recipes[r].correction_bytes == 4;
@@ -342,10 +341,7 @@ static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
                          : recipes[r].states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
                          : recipes[r].states == BNB8_STATE_4BIT ? (double)((sizes[i] + 1) / 2) + 4.0 * (double)((sizes[i] + 127) / 128)
                          : n + 2.0 * (double)((sizes[i] + 31) / 32);
-        double cols = (double)c->channels * (i == GPT2_FCPROJW ? 4 : 1), v_state = per_state;
-        if (recipes[r].states == BNB8_STATE_4BIT && sizes[i] >= 4096 && gpt2_param_is_matrix[i])
-            v_state = (double)((sizes[i] + 1) / 2) + 4.0 * (n / cols + cols);
-        m.states += per_state + v_state;   // AdamW: m and v
+        m.states += 2 * per_state;   // AdamW: m and v
     }
     return m;
 }
@@ -623,9 +619,9 @@ static void test_zero_lr(void) {
 }
 
 static void test_checkpoint_sizes(void) {
-    const char *rec[4] = {"fp32", "8bit", "8bit-int8", "flash"};
-    const double target[4] = {12.0, 6.03125, 5.03125, 5.125};
-    for (int k = 0; k < 4; k++) {
+    const char *rec[5] = {"fp32", "8bit", "8bit-int8", "flash", "4bit-int8"};
+    const double target[5] = {12.0, 6.03125, 5.03125, 5.125, 4.0625};
+    for (int k = 0; k < 5; k++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, "%s/sizes_%s", tdir, rec[k]);
         TrainArgs a;
@@ -646,6 +642,7 @@ static void test_checkpoint_sizes(void) {
             double n = (double)sizes[i], weights = fp32 ? 4 * n : 2 * n + n;
             double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
                              : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
+                             : rp->states == BNB8_STATE_4BIT ? (double)((sizes[i] + 1) / 2) + 4.0 * (double)((sizes[i] + 127) / 128)
                              : n + 2.0 * (double)((sizes[i] + 31) / 32);
             double payload = weights + 2 * per_state;
             if (i == GPT2_WTE) wte_payload = payload;
@@ -737,7 +734,7 @@ static void test_resume(void) {
     resume_case("flash", "sgd", 0, 0, -1);
     resume_case("8bit-int8", "adamw", 0, 1, -1);
     resume_case("8bit-int8", "lion", 1, 0, -1);
-    resume_case("4bit-int8", "adamw", 0, 1, -1);   // rank-1 v of the matrices
+    resume_case("4bit-int8", "adamw", 0, 1, -1);
     resume_case("4bit-int8", "lion", 1, 0, -1);
     resume_case("flash", "adamw", 0, 0, CLIP_PREV);   // the previous norm travels in the trainer state
     resume_case("8bit", "adamw", 1, 0, CLIP_PREV);
@@ -1710,7 +1707,7 @@ void tests_train(void) {
     test_run("train: 50 steps lower the loss; 8bit, flash, 8bit-int8 and 4bit-int8 within 2% of fp32; bytes per parameter", test_training);
     test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8, 4bit-int8; adamw, lion, sgd; the version 1 layout)",
              test_resume);
-    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125 bytes/param",
+    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125, 4bit-int8 4.0625 bytes/param",
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);

@@ -12,18 +12,12 @@ optimizer file when resuming. Shared by both device rows, which differ only in w
 #include "clip.h"
 #include "nccl.h"
 
-// The length of a row of matrix parameter i (its last dimension: C, or 4C for fcprojw), for the rank-1
-// normalization of 4-bit states.
-static int64_t param_row_size(const GPT2 *m, int i) {
-    return (int64_t)m->config.channels * (i == GPT2_FCPROJW ? 4 : 1);
-}
-
 // Registers every parameter tensor where t->param and t->grad say, in the run's dtypes, and sets
 // the weights (bf16 + master for bf16 weights) from the fp32 weights of t->model. Biases and
 // layernorm parameters get weight decay 0 (per-name overrides); with StableEmbedding wte keeps
 // 32-bit states, as bitsandbytes' StableEmbedding asks; a release slice takes its whole tensor's
-// state format. 4-bit states: blocks of Li et al.'s 128, and AdamW's v of a whole matrix (not a
-// shard: its column maxima need every row) rank-1 normalized.
+// state format. 4-bit states: blocks of Li et al.'s 128 for every state (their rank-1 normalization
+// of v trained worse here: DESIGN.md §5.7).
 static int optimizer_build(Trainer *t) {
     const GPT2 *m = &t->model;
     const Recipe *r = t->recipe;
@@ -54,11 +48,8 @@ static int optimizer_build(Trainer *t) {
             void *grad = slice_grad(t, i, l, n);
             int64_t off = 0, count = n;   // several GPUs: this rank's shard of it, or none
             if (!nccl_share(t, optimizer_id(t, i, l), &off, &count, &grad)) continue;
-            int64_t row = r->states == BNB8_STATE_4BIT && t->oc->kind == BNB8_ADAMW && gpt2_param_is_matrix[i] &&
-                          !stable_wte && count == n ? param_row_size(m, i) : 0;
-            if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1 || count < n || row) {
+            if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1 || count < n) {
                 bnb8_config o = cfg;
-                o.row_size = row;
                 if (!gpt2_param_is_matrix[i]) o.weight_decay = 0.0f;
                 if (stable_wte) o.format = BNB8_STATE_32BIT;   // the master stays: cfg names it
                 if (slices > 1) o.min_8bit_size = m->param_sizes[i] >= cfg.min_8bit_size ? 0 : INT64_MAX;

@@ -18,7 +18,7 @@ const Recipe recipes[] = {
     {"8bit", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 4, "8-bit block-wise states, fp32 master (bitsandbytes)"},
     {"flash", BNB8_STATE_FLASH, BNB8_BF16, BNB8_BF16, 1, "companded 8-bit states, int8 correction (FlashOptim)"},
     {"8bit-int8", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 1, "8-bit block-wise states, int8 correction"},
-    {"4bit-int8", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, "4-bit states (Li et al.: blocks of 128, rank-1 v), int8 correction"},
+    {"4bit-int8", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, "4-bit states (Li et al.'s maps, blocks of 128), int8 correction"},
 };
 const int num_recipes = (int)(sizeof recipes / sizeof recipes[0]);
 
