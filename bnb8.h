@@ -211,7 +211,7 @@ typedef struct {
                                  // applies to each, n / stacked elements (default 0: one tensor)
     int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
                                  // bytes, 0 (none), 1 (int8), 2 (int16), 4 (an fp32 master), or
-                                 // BNB8_CORRECTION_AUTO (default): int8 in a flash configuration, else none.
+                                 // BNB8_CORRECTION_AUTO (default): int8 in a flash or flash4 configuration, else none.
                                  // bnb8_optimizer_add starts the master at the weights (bnb8_optimizer_import_fp32
                                  // sets other values)
     bnb8_dtype scale_dtype;      // flash: the group scales' type: BNB8_E6M10 (default: fp16's precision and

@@ -1362,9 +1362,12 @@ __device__ void bnb8_rank1_maxima(const bnb8_gpu_tensor &t, int64_t base, const 
 // flash4 under each group's new scale (8 lanes). PASS: a rank-1 tensor's two passes; BNB8_PASS_MAX
 // stores nothing and takes the non-negative state's row and column maxima into t.rank1_max (atomicMax
 // of the float bits of values > 0, which order as the floats do: exact in any order; a thread's
-// elements of one row combined first), and BNB8_PASS_STORE codes that state under them.
+// elements of one row combined first), and BNB8_PASS_STORE codes that state under them. Out of line,
+// so that its registers do not weigh on the launch's other paths (flash, 8-bit with masters):
+// inlined, ptxas -v gave the mode-3 kernel of R = 2 AdamW 280 / 880 bytes of spill stores / loads
+// against mode 2's 80 / 96.
 template <int R, int KIND, bool FULL, int PASS>
-__device__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
+__device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
     const bnb8_four_smem &ft = bnb8_four_tables;
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
