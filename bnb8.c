@@ -350,9 +350,10 @@ static bnb8_status bnb8_check_compand(const char *fn, const void *a, const void 
 }
 
 // Group g of count (<= 32) values x: its scale, the group absmax of the values' magnitudes rounded
-// in scale_dtype, into scales[g], and their codes (DESIGN.md §6.2). The array function and the CPU flash step.
-static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb8_dtype scale_dtype, void *scales,
-                               int64_t g, uint8_t *codes) {
+// in scale_dtype, into scales[g], and their codes, a byte each (DESIGN.md §6.2): 8-bit ones, or with
+// four the 4-bit ones of flash4 (§5.7). The array function and the CPU flash steps.
+static void bnb8_compand_group(const float *x, int64_t count, int is_signed, int four, bnb8_dtype scale_dtype,
+                               void *scales, int64_t g, uint8_t *codes) {
     float m[BNB8_FLASH_GROUP], amax = 0.0f;
     for (int64_t i = 0; i < count; i++) {
         m[i] = bnb8_compand_magnitude(x[i], is_signed);
@@ -360,7 +361,8 @@ static void bnb8_compand_group(const float *x, int64_t count, int is_signed, bnb
     }
     float scale = bnb8_scale_round(amax, scale_dtype);
     bnb8_scale_store(scales, scale_dtype, g, scale);
-    for (int64_t i = 0; i < count; i++) codes[i] = bnb8_compand_code(x[i], m[i], scale, is_signed);
+    for (int64_t i = 0; i < count; i++)
+        codes[i] = four ? (uint8_t)bnb8_compand4_code(x[i], m[i], scale, is_signed) : bnb8_compand_code(x[i], m[i], scale, is_signed);
 }
 
 bnb8_status bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype scale_dtype, uint8_t *codes, void *scales) {
@@ -371,7 +373,7 @@ bnb8_status bnb8_compand(const float *x, int64_t n, int is_signed, bnb8_dtype sc
     #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < ngroups; g++) {
         int64_t start = g * BNB8_FLASH_GROUP, end = start + BNB8_FLASH_GROUP < n ? start + BNB8_FLASH_GROUP : n;
-        bnb8_compand_group(x + start, end - start, is_signed, scale_dtype, scales, g, codes + start);
+        bnb8_compand_group(x + start, end - start, is_signed, 0, scale_dtype, scales, g, codes + start);
     }
     return BNB8_OK;
 }
@@ -399,14 +401,16 @@ typedef struct {
     int64_t offset, total;      // elements [offset, offset + n) of a tensor of total (whole: 0, n)
     int on_gpu;
     bnb8_config cfg;            // the base configuration or this tensor's override
-    bnb8_state_format format;   // 8-bit or flash only from cfg.min_8bit_size elements on
-    int64_t block;              // elements per absmax of 8-bit states: cfg.blocksize, or n for blocksize 0
+    bnb8_state_format format;   // 8-bit, flash or 4-bit only from cfg.min_8bit_size elements on
+    int64_t block;              // elements per absmax of 8-bit and 4-bit states: cfg.blocksize, or n for blocksize 0
+    int64_t rows, row_size;     // 4-bit states of a matrix (cfg.row_size): its non-negative state is rank-1; else 0
+    int rank1_k;                // that state (bnb8_rank1_state), when row_size > 0
     int nstates;
     int64_t step;
-    void *state[3];             // (n) floats, or (n) codes, per state
-    float *absmax[3];           // (ceil(n / block)) per 8-bit state
-    const float *code[3];       // 8-bit: each state's map (in the optimizer's code[map][is_signed])
-    void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash state
+    void *state[3];             // (n) floats, (n) codes, or (ceil(n / 2)) bytes of 4-bit codes, per state
+    float *absmax[3];           // (ceil(n / block)) per 8-bit or 4-bit state; a rank-1 state (rows + row_size)
+    const float *code[3];       // 8-bit, 4-bit: each state's map (the optimizer's code[map][is_signed], four[])
+    void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash or flash4 state
     bnb8_dtype scale_dtype;
     int correction_bytes;       // bf16/fp16 weights: cfg's 1, 2 or 4; fp32 weights: 0
     int stochastic;             // bf16/fp16 weights rounded stochastically (no correction: 0 bytes)
@@ -417,6 +421,8 @@ typedef struct {
     double sum_squares;         // CPU tensors, cfg.sum_squares: the sum of g^2 of the latest step
     void *memory;               // the one allocation all of the above live in
     size_t memory_bytes;
+    float *rank1_work;          // CPU rank-1 tensors: the step's new maxima and each thread's, not state
+    int64_t rank1_work_floats;
 } bnb8_tensor;
 
 struct bnb8_optimizer {
@@ -432,6 +438,8 @@ struct bnb8_optimizer {
     int gpu_sums_count;
     float code[BNB8_NUM_MAPS][2][256];          // [map][is_signed]: the maps of 8-bit states
     bnb8_codebook books[BNB8_NUM_MAPS][2];      // their thresholds and lookup tables
+    float four[2][BNB8_FOUR_CODES];             // [is_signed]: the maps of 4-bit states
+    float four_t[2][BNB8_FOUR_CODES];           // their thresholds, t[15] = +inf
 };
 
 // The GPU path lives in bnb8_cuda.cu. Built with -DBNB8_CUDA, bnb8.c needs it; without, weak
@@ -475,6 +483,15 @@ bnb8_config bnb8_config_default(bnb8_optim kind) {
 // The optimizers with a flash form (DESIGN.md §5.1).
 static int bnb8_flash_kind(bnb8_optim kind) {
     return kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION;
+}
+// The formats of 4-bit codes, two per byte (DESIGN.md §5.7), and the companded ones (a scale per 32).
+static int bnb8_four_format(int format) { return format == BNB8_STATE_4BIT || format == BNB8_STATE_FLASH4; }
+static int bnb8_companded_format(int format) { return format == BNB8_STATE_FLASH || format == BNB8_STATE_FLASH4; }
+// The state of an optimizer kind that rank-1 normalization applies to: its non-negative one (the Adam
+// family's v, RMSprop's and Adagrad's accumulators, AdEMAMix's v), or -1 when it has none.
+static int bnb8_rank1_state(bnb8_optim kind) {
+    for (int k = 0; k < bnb8_state_count(kind, 1.0f); k++) if (!bnb8_state_signed(kind, k)) return k;
+    return -1;
 }
 
 // Where an update divides (DESIGN.md §5.3): by the bias corrections 1 - beta1^t and 1 - beta2^t
@@ -525,11 +542,11 @@ static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8
         return bnb8_fail(BNB8_ERR_ARG, "%s: percentile_clipping %d not in 1..100", fn, c->percentile_clipping);
     if (c->sum_squares != 0 && c->sum_squares != 1)
         return bnb8_fail(BNB8_ERR_ARG, "%s: sum_squares %d is not 0 or 1", fn, c->sum_squares);
-    if (c->format != BNB8_STATE_32BIT && c->format != BNB8_STATE_8BIT && c->format != BNB8_STATE_FLASH)
+    if ((int)c->format < BNB8_STATE_32BIT || c->format > BNB8_STATE_FLASH4)
         return bnb8_fail(BNB8_ERR_ARG, "%s: unknown state format %d", fn, (int)c->format);
-    if (c->format == BNB8_STATE_FLASH && !bnb8_flash_kind(kind))
-        return bnb8_fail(BNB8_ERR_ARG, "%s: the flash state format exists for AdamW, Adam, SGD and Lion only, "
-                         "not optimizer kind %d", fn, (int)kind);
+    if (bnb8_companded_format(c->format) && !bnb8_flash_kind(kind))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: the %s state format exists for AdamW, Adam, SGD and Lion only, "
+                         "not optimizer kind %d", fn, c->format == BNB8_STATE_FLASH ? "flash" : "flash4", (int)kind);
     int cb = c->correction_bytes;
     if (cb != BNB8_CORRECTION_AUTO && cb != BNB8_CORRECTION_STOCHASTIC && cb != 0 && cb != 1 && cb != 2 && cb != 4)
         return bnb8_fail(BNB8_ERR_ARG, "%s: correction_bytes %d not BNB8_CORRECTION_AUTO (-1), BNB8_CORRECTION_STOCHASTIC "
@@ -547,13 +564,25 @@ static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8
     if (c->blocksize != 0 && !bnb8_blocksize_ok(c->blocksize))
         return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld is neither a power of two in 64..4096 nor 0 (one "
                          "absmax per tensor)", fn, (long long)c->blocksize);
-    // Flash states have their own companded codes and a scale per group of 32: asking them for a
-    // map or for one absmax per tensor is a mistake, not a no-op.
-    if (c->format == BNB8_STATE_FLASH && c->map != BNB8_MAP_DYNAMIC)
-        return bnb8_fail(BNB8_ERR_ARG, "%s: map %d is for the 8-bit format; flash states have companded codes", fn, (int)c->map);
-    if (c->format == BNB8_STATE_FLASH && c->blocksize == 0)
-        return bnb8_fail(BNB8_ERR_ARG, "%s: blocksize 0 (one absmax per tensor) is for the 8-bit format; flash states "
-                         "have a scale per group of 32", fn);
+    // Flash and 4-bit states have their own codes, flash ones a scale per group of 32: asking them for
+    // a map or for one absmax per tensor is a mistake, not a no-op.
+    const char *own = c->format == BNB8_STATE_FLASH ? "flash states have companded codes"
+                    : c->format == BNB8_STATE_FLASH4 ? "flash4 states have companded codes"
+                    : c->format == BNB8_STATE_4BIT ? "4-bit states have their own 16-value maps" : NULL;
+    if (own && c->map != BNB8_MAP_DYNAMIC)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: map %d is for the 8-bit format; %s", fn, (int)c->map, own);
+    if (own && c->blocksize == 0)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: blocksize 0 (one absmax per tensor) is for the 8-bit format; %s%s", fn, own,
+                         c->format == BNB8_STATE_4BIT ? " and blocks (the paper's: 128)" : " and a scale per group of 32");
+    // Rank-1 normalization is of the 4-bit format's non-negative state (DESIGN.md §5.7).
+    if (c->row_size < 0 || c->row_size >= (INT64_C(1) << 47))   // a state file keeps it in 47 bits (DESIGN.md §7)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: row_size %lld not in 0..2^47 - 1", fn, (long long)c->row_size);
+    if (c->row_size > 0 && c->format != BNB8_STATE_4BIT)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: row_size %lld (rank-1 normalization) is for the 4-bit format "
+                         "(BNB8_STATE_4BIT), not format %d", fn, (long long)c->row_size, (int)c->format);
+    if (c->row_size > 0 && bnb8_rank1_state(kind) < 0)
+        return bnb8_fail(BNB8_ERR_ARG, "%s: row_size %lld: rank-1 normalization is of a non-negative state (Adam's v); "
+                         "optimizer kind %d has none", fn, (long long)c->row_size, (int)kind);
     return BNB8_OK;
 }
 
@@ -573,6 +602,8 @@ bnb8_status bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const b
         bnb8_map_dynamic(is_signed, o->code[BNB8_MAP_DYNAMIC][is_signed]);
         bnb8_map_linear(is_signed, o->code[BNB8_MAP_LINEAR][is_signed]);
         for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed], bnb8_zero_code(is_signed));
+        for (int c = 0; c < BNB8_FOUR_CODES; c++) o->four[is_signed][c] = bnb8_four_map(is_signed, c);
+        for (int k = 0; k < BNB8_FOUR_CODES; k++) o->four_t[is_signed][k] = bnb8_threshold_of(o->four[is_signed], BNB8_FOUR_CODES, k);
     }
     *opt = o;
     return BNB8_OK;
@@ -582,6 +613,7 @@ void bnb8_optimizer_free(bnb8_optimizer *opt) {
     if (!opt) return;
     for (int i = 0; i < opt->num_tensors; i++) {
         free(opt->tensors[i].name);
+        free(opt->tensors[i].rank1_work);
         if (opt->tensors[i].on_gpu) bnb8_cuda_free(opt->tensors[i].memory);
         else free(opt->tensors[i].memory);
     }
@@ -605,6 +637,7 @@ static const char *bnb8_layout_difference(const bnb8_config *a, const bnb8_confi
     if (a->format != b->format) return "format";
     if (a->blocksize != b->blocksize) return "blocksize";
     if (a->map != b->map) return "map";
+    if (a->row_size != b->row_size) return "row_size";
     if (a->min_8bit_size != b->min_8bit_size) return "min_8bit_size";
     if (a->stacked != b->stacked) return "stacked";
     if (a->correction_bytes != b->correction_bytes) return "correction_bytes";
@@ -701,29 +734,42 @@ static uint64_t bnb8_name_identity(const char *name) {
     return h;
 }
 
-// Bytes of one tensor's states: per state n floats, or n codes plus an absmax per block (8-bit) or
-// a scale per group of 32 (flash); plus the weights' correction (n int8, int16 or fp32).
+// Whether state k of tensor t is rank-1 normalized (4-bit states of a matrix, its non-negative state).
+static int bnb8_rank1(const bnb8_tensor *t, int k) { return t->row_size > 0 && k == t->rank1_k; }
+// Bytes of one state's codes: a byte per element, or two 4-bit codes per byte.
+static size_t bnb8_code_bytes(const bnb8_tensor *t) { return bnb8_four_format(t->format) ? (size_t)(t->n + 1) / 2 : (size_t)t->n; }
+// Floats of state k's absmax: one per block, or a rank-1 state's row and column maxima.
+static int64_t bnb8_absmax_count(const bnb8_tensor *t, int k) {
+    return bnb8_rank1(t, k) ? t->rows + t->row_size : bnb8_block_count(t->n, t->block);
+}
+
+// Bytes of one tensor's states: per state n floats, or its codes plus an absmax per block (8-bit,
+// 4-bit; a rank-1 state's row and column maxima) or a scale per group of 32 (flash, flash4); plus
+// the weights' correction (n int8, int16 or fp32).
 static size_t bnb8_state_bytes(const bnb8_tensor *t) {
-    size_t per_state = t->format == BNB8_STATE_8BIT
-        ? (size_t)t->n + sizeof(float) * (size_t)bnb8_block_count(t->n, t->block)
-        : t->format == BNB8_STATE_FLASH
-        ? (size_t)t->n + bnb8_dtype_size(t->scale_dtype) * (size_t)bnb8_block_count(t->n, BNB8_FLASH_GROUP)
-        : sizeof(float) * (size_t)t->n;
+    size_t states = 0, groups = (size_t)bnb8_block_count(t->n, BNB8_FLASH_GROUP);
+    for (int k = 0; k < t->nstates; k++)
+        states += t->format == BNB8_STATE_32BIT ? sizeof(float) * (size_t)t->n
+                : bnb8_companded_format(t->format) ? bnb8_code_bytes(t) + bnb8_dtype_size(t->scale_dtype) * groups
+                : bnb8_code_bytes(t) + sizeof(float) * (size_t)bnb8_absmax_count(t, k);
     size_t history = t->cfg.percentile_clipping < 100 ? 100 * sizeof(float) : 0;
-    return per_state * (size_t)t->nstates + history + (size_t)t->correction_bytes * (size_t)t->n;
+    return states + history + (size_t)t->correction_bytes * (size_t)t->n;
 }
 
 // Points a tensor's state arrays into its one allocation, widest elements first so that each is
-// aligned: history, an fp32 master, absmax (8-bit) or scales (flash), 32-bit states, an int8 or
-// int16 correction, byte codes.
+// aligned: history, an fp32 master, absmax (8-bit, 4-bit) or scales (flash, flash4), 32-bit states,
+// an int8 or int16 correction, codes.
 static void bnb8_layout_states(bnb8_tensor *t) {
     uint8_t *p = (uint8_t *)t->memory;
-    int64_t nblocks = bnb8_block_count(t->n, t->block), ngroups = bnb8_block_count(t->n, BNB8_FLASH_GROUP);
+    int64_t ngroups = bnb8_block_count(t->n, BNB8_FLASH_GROUP);
     if (t->cfg.percentile_clipping < 100) { t->gnorm_history = (float *)p; p += 100 * sizeof(float); }
     if (t->correction_bytes == 4) { t->correction = p; p += sizeof(float) * (size_t)t->n; }
     for (int k = 0; k < t->nstates; k++) {
-        if (t->format == BNB8_STATE_8BIT) { t->absmax[k] = (float *)p; p += sizeof(float) * (size_t)nblocks; }
-        if (t->format == BNB8_STATE_FLASH) { t->scale[k] = p; p += bnb8_dtype_size(t->scale_dtype) * (size_t)ngroups; }
+        if (t->format == BNB8_STATE_8BIT || t->format == BNB8_STATE_4BIT) {
+            t->absmax[k] = (float *)p;
+            p += sizeof(float) * (size_t)bnb8_absmax_count(t, k);
+        }
+        if (bnb8_companded_format(t->format)) { t->scale[k] = p; p += bnb8_dtype_size(t->scale_dtype) * (size_t)ngroups; }
     }
     for (int k = 0; k < t->nstates && t->format == BNB8_STATE_32BIT; k++) {
         t->state[k] = p;
@@ -732,7 +778,7 @@ static void bnb8_layout_states(bnb8_tensor *t) {
     if (t->correction_bytes && t->correction_bytes < 4) { t->correction = p; p += (size_t)t->correction_bytes * (size_t)t->n; }
     for (int k = 0; k < t->nstates && t->format != BNB8_STATE_32BIT; k++) {
         t->state[k] = p;
-        p += (size_t)t->n;
+        p += bnb8_code_bytes(t);
     }
 }
 
@@ -744,19 +790,21 @@ static bnb8_status bnb8_check_shard(const char *fn, bnb8_optim kind, const bnb8_
                          (long long)t->n, (long long)t->offset, (long long)t->total);
     if (t->n == t->total) return BNB8_OK;
     const char *whole = t->format == BNB8_STATE_8BIT && t->cfg.blocksize == 0 ? "one absmax per tensor (blocksize 0)"
+                      : t->row_size > 0 ? "rank-1 normalization (row_size > 0: its column maxima)"
                       : t->cfg.percentile_clipping < 100 ? "percentile clipping"
                       : (kind == BNB8_LAMB || kind == BNB8_LARS) && t->cfg.max_unorm > 0.0f ? "a LAMB/LARS trust ratio (max_unorm > 0)"
                       : NULL;
     if (whole)
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is a shard (elements [%lld, %lld) of %lld): %s needs the whole tensor", fn,
                          name, (long long)t->offset, (long long)(t->offset + t->n), (long long)t->total, whole);
-    int64_t unit = t->format == BNB8_STATE_8BIT ? t->block : t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : 1;
+    int blocks = t->format == BNB8_STATE_8BIT || t->format == BNB8_STATE_4BIT;
+    int64_t unit = blocks ? t->block : bnb8_companded_format(t->format) ? BNB8_FLASH_GROUP : 1;
     int64_t end = t->offset + t->n;
     if (t->offset % unit || (end % unit && end != t->total))
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': a shard of elements [%lld, %lld) of %lld splits a %s of %lld: shards "
                          "start and end at multiples of %lld (the last ends at the tensor's end)", fn, name,
                          (long long)t->offset, (long long)end, (long long)t->total,
-                         t->format == BNB8_STATE_8BIT ? "block" : "group", (long long)unit, (long long)unit);
+                         blocks ? "block" : "group", (long long)unit, (long long)unit);
     return BNB8_OK;
 }
 
@@ -806,8 +854,18 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
     int64_t each = t.cfg.stacked > 1 ? t.total / t.cfg.stacked : t.total;
     t.format = t.cfg.format != BNB8_STATE_32BIT && each >= t.cfg.min_8bit_size ? t.cfg.format : BNB8_STATE_32BIT;
     t.block = t.cfg.blocksize > 0 ? t.cfg.blocksize : n;
+    if (t.format == BNB8_STATE_4BIT && t.cfg.row_size > 0) {   // the rank-1 normalization of a matrix
+        if (t.total % t.cfg.row_size)
+            return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' has %lld elements, not a matrix of rows of row_size %lld (rank-1 "
+                             "normalization)", fn, name, (long long)t.total, (long long)t.cfg.row_size);
+        t.row_size = t.cfg.row_size;
+        t.rows = t.total / t.row_size;
+        t.rank1_k = bnb8_rank1_state(opt->kind);
+    }
     if ((status = bnb8_check_shard(fn, opt->kind, &t, name))) return status;
-    for (int k = 0; k < 3; k++) t.code[k] = opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
+    for (int k = 0; k < 3; k++)
+        t.code[k] = t.format == BNB8_STATE_4BIT ? opt->four[bnb8_state_signed(opt->kind, k)]
+                  : opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
     // The GPU steps every tensor of a launch with one pair of maps (the optimizer's).
     if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.map != opt->cfg.map)
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is GPU memory: its map must be the optimizer's (a per-tensor "
@@ -818,15 +876,20 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
     if (t.stochastic && param_dtype == BNB8_F32)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: '%s' has fp32 weights: stochastic rounding (BNB8_CORRECTION_STOCHASTIC) "
                          "stores bf16/fp16 weights, fp32 ones have nothing to round (set correction_bytes 0 for them)", fn, name);
+    if (t.stochastic && bnb8_four_format(t.format))   // the rounding's GPU kernels hold no 4-bit states yet
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': 4-bit states with stochastic rounding: not yet (use a correction)", fn, name);
     t.seed = t.cfg.seed;
     t.identity = bnb8_name_identity(name);
     if (param_dtype != BNB8_F32 && !t.stochastic)   // automatic: int8 for a flash configuration (small tensors too), else none
         t.correction_bytes = t.cfg.correction_bytes != BNB8_CORRECTION_AUTO ? t.cfg.correction_bytes
-                           : t.cfg.format == BNB8_STATE_FLASH ? 1 : 0;
-    // The GPU carries corrections in the launches of the kinds with a flash form (their tables).
+                           : bnb8_companded_format(t.cfg.format) ? 1 : 0;
+    // The GPU carries corrections and 4-bit states in the launches of the kinds with a flash form (their tables).
     if (t.on_gpu && t.correction_bytes && !bnb8_flash_kind(opt->kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': a master weight correction on the GPU needs AdamW, Adam, SGD or Lion "
                          "(CPU-only for the other kinds for now)", fn, name);
+    if (t.on_gpu && bnb8_four_format(t.format) && !bnb8_flash_kind(opt->kind))
+        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': 4-bit states on the GPU need AdamW, Adam, SGD or Lion (CPU-only for "
+                         "the other kinds for now)", fn, name);
     t.memory_bytes = bnb8_state_bytes(&t);
     if (t.memory_bytes > 0) {
         if (t.on_gpu) status = bnb8_cuda_alloc_zeroed(&t.memory, t.memory_bytes);
@@ -841,20 +904,22 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
         if (t.on_gpu) bnb8_cuda_free(t.memory); else free(t.memory);
         return status;
     }
-    // Zeroed memory is the all-zero state once the codes of signed 8-bit states say zero.
-    if (t.format == BNB8_STATE_8BIT) {
+    // Zeroed memory is the all-zero state once the codes of signed 8-bit and 4-bit states say zero.
+    if (t.format == BNB8_STATE_8BIT || t.format == BNB8_STATE_4BIT) {
         for (int k = 0; k < t.nstates; k++) {
-            int zero_code = bnb8_zero_code(bnb8_state_signed(opt->kind, k));
+            int is_signed = bnb8_state_signed(opt->kind, k), pad = bnb8_four_pad(t.format, is_signed);
+            int zero_code = t.format == BNB8_STATE_8BIT ? bnb8_zero_code(is_signed) : bnb8_nibble_pair(pad, pad);
+            size_t bytes = bnb8_code_bytes(&t);
             if (!zero_code) continue;
             if (t.on_gpu) {
-                uint8_t *codes = (uint8_t *)malloc((size_t)n);
+                uint8_t *codes = (uint8_t *)malloc(bytes);
                 if (!codes) { bnb8_cuda_free(t.memory); return bnb8_fail(BNB8_ERR_NOMEM, "%s", fn); }
-                memset(codes, zero_code, (size_t)n);
-                status = bnb8_cuda_copy(t.state[k], codes, (size_t)n, 1);
+                memset(codes, zero_code, bytes);
+                status = bnb8_cuda_copy(t.state[k], codes, bytes, 1);
                 free(codes);
                 if (status) { bnb8_cuda_free(t.memory); return status; }
             } else {
-                memset(t.state[k], zero_code, (size_t)n);
+                memset(t.state[k], zero_code, bytes);
             }
         }
     }
@@ -1048,12 +1113,28 @@ static int bnb8_step_element(const bnb8_step_args *a, const bnb8_rounding *r, bn
     return 1;
 }
 
-// The states of element i, read from either format.
+// The scale of element i of an 8-bit or 4-bit state k: its block's absmax, or its rank-1 scale.
+static float bnb8_absmax_of(const bnb8_tensor *t, int k, int64_t i) {
+    return bnb8_rank1(t, k) ? bnb8_rank1_scale(t->absmax[k], t->rows, t->row_size, i) : t->absmax[k][i / t->block];
+}
+
+// The states of element i, read from 32-bit, 8-bit or 4-bit states (flash ones: bnb8_step_flash_cpu).
 static void bnb8_load_states(const bnb8_tensor *t, int64_t i, float s[3]) {
     for (int k = 0; k < t->nstates; k++) {
+        const uint8_t *q = (const uint8_t *)t->state[k];
         if (t->format == BNB8_STATE_32BIT) s[k] = ((const float *)t->state[k])[i];
-        else s[k] = t->code[k][((const uint8_t *)t->state[k])[i]] * t->absmax[k][i / t->block];
+        else if (t->format == BNB8_STATE_4BIT) s[k] = t->code[k][bnb8_nibble(q, i)] * bnb8_absmax_of(t, k, i);
+        else s[k] = t->code[k][q[i]] * t->absmax[k][i / t->block];
     }
+}
+
+// Stores count codes (one per byte in codes) of state k from element start on: bytes, or nibble pairs
+// (start is even: a block or group start), an odd end's high nibble the pad (bnb8_four_pad).
+static void bnb8_store_codes(const bnb8_tensor *t, int k, int is_signed, int64_t start, int64_t count, const uint8_t *codes) {
+    uint8_t *q = (uint8_t *)t->state[k];
+    if (!bnb8_four_format(t->format)) { memcpy(q + start, codes, (size_t)count); return; }
+    int pad = bnb8_four_pad(t->format, is_signed);
+    for (int64_t j = 0; j < count; j += 2) q[(start + j) / 2] = bnb8_nibble_pair(codes[j], j + 1 < count ? codes[j + 1] : pad);
 }
 
 // LAMB / LARS: squared norms of the parameter and of the update this step would make (the states
@@ -1072,14 +1153,14 @@ static float bnb8_trust_cpu(const bnb8_tensor *t, const bnb8_step_args *a) {
     return bnb8_trust_ratio(a->max_unorm, (float)p2, (float)u2);
 }
 
-// One flash step of a CPU tensor (DESIGN.md §6.3), group by group of 32 in the order bnb8.h describes
-// for both back ends: reconstruct each master weight, expand its states with the group's old
-// scales, update in fp32, store the weight and its correction; then per state the group's new
-// absmax, its stored (rounded-up) scale and the codes against that scale.
+// One flash or flash4 step of a CPU tensor (DESIGN.md §6.3, §5.7), group by group of 32 in the order
+// bnb8.h describes for both back ends: reconstruct each master weight, expand its states with the
+// group's old scales, update in fp32, store the weight and its correction; then per state the
+// group's new absmax, its stored (rounded) scale and the codes against that scale.
 static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_step_args *a) {
     const int64_t G = BNB8_FLASH_GROUP, per_chunk = 4096 / BNB8_FLASH_GROUP;
     int64_t ngroups = bnb8_block_count(t->n, G), nchunks = bnb8_block_count(ngroups, per_chunk), bad = 0;
-    int is_signed[3];
+    int is_signed[3], four = t->format == BNB8_STATE_FLASH4;
     for (int k = 0; k < t->nstates; k++) is_signed[k] = bnb8_state_signed(opt->kind, k);
     #pragma omp parallel for schedule(static) reduction(+:bad)
     for (int64_t c = 0; c < nchunks; c++) {
@@ -1091,17 +1172,21 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
             for (int64_t i = start; i < end; i++) {
                 float p = bnb8_master_load(t->param, t->param_dtype, t->correction, t->correction_bytes, i);
                 float g = bnb8_load(t->grad, t->grad_dtype, i), s[3] = {0.0f, 0.0f, 0.0f};
-                for (int k = 0; k < t->nstates; k++)
-                    s[k] = bnb8_expand_value(((const uint8_t *)t->state[k])[i], old[k], is_signed[k]);
+                for (int k = 0; k < t->nstates; k++) {
+                    const uint8_t *q = (const uint8_t *)t->state[k];
+                    s[k] = four ? bnb8_expand4_value(bnb8_nibble(q, i), old[k], is_signed[k]) : bnb8_expand_value(q[i], old[k], is_signed[k]);
+                }
                 if (bnb8_step_element(a, &t->rounding, t->param_dtype, t->nstates, 1.0f, g, i, &p, s))
                     bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
                 else
                     bad++;           // the element keeps its weight, correction and states
                 for (int k = 0; k < t->nstates; k++) fresh[k][i - start] = s[k];
             }
-            for (int k = 0; k < t->nstates; k++)
-                bnb8_compand_group(fresh[k], end - start, is_signed[k], t->scale_dtype, t->scale[k], grp,
-                                   (uint8_t *)t->state[k] + start);
+            for (int k = 0; k < t->nstates; k++) {
+                uint8_t codes[BNB8_FLASH_GROUP];
+                bnb8_compand_group(fresh[k], end - start, is_signed[k], four, t->scale_dtype, t->scale[k], grp, codes);
+                bnb8_store_codes(t, k, is_signed[k], start, end - start, codes);
+            }
         }
     }
     opt->nonfinite += bad;
@@ -1109,9 +1194,9 @@ static void bnb8_step_flash_cpu(bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_
 
 // Elements [start, end) of a step (at most 4096): each element's master and states updated in
 // float32. With store, the new weights are written (a non-finite gradient's element keeps its
-// weight and states, and is counted in *bad) and 32-bit states too; 8-bit states go to fresh[k]
-// (the element at start first). Either way amax[k] grows to the largest |fresh state|. Without
-// store nothing is written: pass 1 of a per-tensor absmax.
+// weight and states, and is counted in *bad) and 32-bit states too; 8-bit and 4-bit states go to
+// fresh[k] when it is given (the element at start first). Either way amax[k] grows to the largest
+// |fresh state|. Without store nothing is written: pass 1 of a per-tensor absmax or rank-1 maxima.
 static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust,
                             int64_t start, int64_t end, int store, float fresh[3][4096], float amax[3], int64_t *bad) {
     float m[3] = {amax[0], amax[1], amax[2]};   // locals: stores through t's arrays cannot alias them
@@ -1124,7 +1209,7 @@ static void bnb8_step_range(bnb8_tensor *t, const bnb8_step_args *a, float trust
         else if (store) bnb8_master_store(t->param, t->param_dtype, t->correction, t->correction_bytes, i, p);
         for (int k = 0; k < t->nstates; k++) {
             if (t->format == BNB8_STATE_32BIT) { if (store) ((float *)t->state[k])[i] = s[k]; continue; }
-            if (store) fresh[k][i - start] = s[k];
+            if (fresh) fresh[k][i - start] = s[k];
             m[k] = fmaxf(m[k], fabsf(s[k]));
         }
     }
@@ -1143,6 +1228,80 @@ static void bnb8_requantize(const bnb8_optimizer *opt, const bnb8_tensor *t, int
         int redo = book->search, c = bnb8_quantize_value_near(book, v[i], r, &redo);   // a zero block: redone
         codes[i] = (uint8_t)(redo ? bnb8_quantize_value(book, zero_code, v[i], amax) : c);
     }
+}
+
+// The 4-bit codes of count fresh values v of state k from element start on (even): under absmax
+// amax, or for a rank-1 state under its scale from maxima, the step's new row and column maxima.
+static void bnb8_requantize_four(const bnb8_optimizer *opt, const bnb8_tensor *t, int k, const float *v, int64_t count,
+                                 float amax, const float *maxima, int64_t start) {
+    int is_signed = bnb8_state_signed(opt->kind, k), rank1 = bnb8_rank1(t, k);
+    uint8_t codes[4096];
+    for (int64_t j = 0; j < count; j++) {
+        float a = rank1 ? bnb8_rank1_scale(maxima, t->rows, t->row_size, start + j) : amax;
+        codes[j] = (uint8_t)bnb8_four_code(opt->four_t[is_signed], is_signed, v[j], a);
+    }
+    bnb8_store_codes(t, k, is_signed, start, count, codes);
+}
+
+// The codes of a block of fresh states of 8-bit or 4-bit tensor t (elements [start, end), one block):
+// each state's new absmax is the block's max, a rank-1 state's scale the step's maxima.
+static void bnb8_requantize_block(const bnb8_optimizer *opt, bnb8_tensor *t, int64_t start, int64_t end,
+                                  float fresh[3][4096], const float amax[3], const float *maxima) {
+    for (int k = 0; k < t->nstates; k++) {
+        if (t->format == BNB8_STATE_8BIT) {
+            t->absmax[k][start / t->block] = amax[k];
+            bnb8_requantize(opt, t, k, fresh[k], end - start, amax[k], (uint8_t *)t->state[k] + start);
+            continue;
+        }
+        if (!bnb8_rank1(t, k)) t->absmax[k][start / t->block] = amax[k];
+        bnb8_requantize_four(opt, t, k, fresh[k], end - start, amax[k], maxima, start);
+    }
+}
+
+// Rank-1 4-bit states (DESIGN.md §5.7): the codes of the non-negative state need the new row and
+// column maxima of the whole tensor. Pass 1 computes every fresh state and keeps only those maxima
+// (each thread its own in t->rank1_work, then merged: fmaxf is exact in any order); pass 2 computes
+// the same floats again and stores weights and codes block by block (the other states' blocks as
+// bnb8_step_tensor_cpu's); then the maxima become the state's.
+static int64_t bnb8_step_rank1_cpu(const bnb8_optimizer *opt, bnb8_tensor *t, const bnb8_step_args *a, float trust) {
+    const int64_t span = t->rows + t->row_size, chunk = 4096, nchunks = bnb8_block_count(t->n, chunk);
+    const int k1 = t->rank1_k;
+    float *maxima = t->rank1_work;   // the merged maxima, then one array per thread
+    int64_t bad = 0;
+    for (int64_t j = 0; j < span; j++) maxima[j] = 0.0f;
+    #pragma omp parallel
+    {
+#ifdef _OPENMP
+        float *mine = maxima + span * (1 + omp_get_thread_num());
+#else
+        float *mine = maxima + span;
+#endif
+        float fresh[3][4096], unused[3] = {0.0f, 0.0f, 0.0f};
+        for (int64_t j = 0; j < span; j++) mine[j] = 0.0f;
+        #pragma omp for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t start = c * chunk, end = start + chunk < t->n ? start + chunk : t->n;
+            bnb8_step_range(t, a, trust, start, end, 0, fresh, unused, NULL);
+            for (int64_t i = start; i < end; i++) {
+                int64_t r = i / t->row_size;
+                float v = fabsf(fresh[k1][i - start]);
+                mine[r] = fmaxf(mine[r], v);
+                mine[t->rows + (i - r * t->row_size)] = fmaxf(mine[t->rows + (i - r * t->row_size)], v);
+            }
+        }
+        #pragma omp critical
+        for (int64_t j = 0; j < span; j++) maxima[j] = fmaxf(maxima[j], mine[j]);
+    }
+    int64_t nblocks = bnb8_block_count(t->n, t->block);
+    #pragma omp parallel for schedule(static) reduction(+:bad)
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t start = b * t->block, end = start + t->block < t->n ? start + t->block : t->n;
+        float fresh[3][4096], amax[3] = {0.0f, 0.0f, 0.0f};
+        bnb8_step_range(t, a, trust, start, end, 1, fresh, amax, &bad);
+        bnb8_requantize_block(opt, t, start, end, fresh, amax, maxima);
+    }
+    memcpy(t->absmax[k1], maxima, sizeof(float) * (size_t)span);
+    return bad;
 }
 
 // 8-bit states with one absmax per tensor (blocksize 0): the codes need the new absmax of the whole
@@ -1207,8 +1366,8 @@ static double bnb8_sum_squares_cpu(const bnb8_tensor *t) {
     return total;
 }
 
-// One step of one CPU tensor. 32-bit states are updated in place; 8-bit states block by block:
-// dequantize with the old absmax, update, new absmax from the fresh states, requantize.
+// One step of one CPU tensor. 32-bit states are updated in place; 8-bit and 4-bit states block by
+// block: dequantize with the old absmax, update, new absmax from the fresh states, requantize.
 static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, float gnorm_scale) {
     t->step++;
     t->rounding = bnb8_rounding_of(t);
@@ -1224,23 +1383,39 @@ static void bnb8_step_tensor_cpu(bnb8_optimizer *opt, bnb8_tensor *t, float lr, 
         gnorm_scale *= bnb8_percentile_scale(t->gnorm_history, t->step, (float)g2, t->cfg.percentile_clipping);
     }
     bnb8_step_args a = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
-    if (t->format == BNB8_STATE_FLASH) { bnb8_step_flash_cpu(opt, t, &a); return; }
+    if (bnb8_companded_format(t->format)) { bnb8_step_flash_cpu(opt, t, &a); return; }
     float trust = (opt->kind == BNB8_LAMB || opt->kind == BNB8_LARS) ? bnb8_trust_cpu(t, &a) : 1.0f;
     if (t->format == BNB8_STATE_8BIT && t->cfg.blocksize == 0) { opt->nonfinite += bnb8_step_per_tensor_cpu(opt, t, &a, trust); return; }
-    int64_t blocksize = t->format == BNB8_STATE_8BIT ? t->block : 4096;
+    if (t->row_size > 0) { opt->nonfinite += bnb8_step_rank1_cpu(opt, t, &a, trust); return; }
+    int64_t blocksize = t->format == BNB8_STATE_32BIT ? 4096 : t->block;
     int64_t nblocks = bnb8_block_count(t->n, blocksize), bad = 0;
     #pragma omp parallel for schedule(static) reduction(+:bad)
     for (int64_t b = 0; b < nblocks; b++) {
         int64_t start = b * blocksize, end = start + blocksize < t->n ? start + blocksize : t->n;
         float fresh[3][4096], amax[3] = {0.0f, 0.0f, 0.0f};
         bnb8_step_range(t, &a, trust, start, end, 1, fresh, amax, &bad);
-        if (t->format == BNB8_STATE_32BIT) continue;
-        for (int k = 0; k < t->nstates; k++) {
-            t->absmax[k][b] = amax[k];
-            bnb8_requantize(opt, t, k, fresh[k], end - start, amax[k], (uint8_t *)t->state[k] + start);
-        }
+        if (t->format != BNB8_STATE_32BIT) bnb8_requantize_block(opt, t, start, end, fresh, amax, NULL);
     }
     opt->nonfinite += bad;
+}
+
+// A CPU rank-1 tensor's scratch for its step (bnb8_step_rank1_cpu): the merged row and column
+// maxima and each thread's, allocated before any tensor steps, so that a step fails whole or not at all.
+static bnb8_status bnb8_rank1_work(bnb8_tensor *t) {
+    if (t->on_gpu || t->row_size == 0) return BNB8_OK;
+#ifdef _OPENMP
+    int64_t threads = omp_get_max_threads();
+#else
+    int64_t threads = 1;
+#endif
+    int64_t floats = (t->rows + t->row_size) * (threads + 1);
+    if (floats <= t->rank1_work_floats) return BNB8_OK;
+    float *grown = (float *)realloc(t->rank1_work, sizeof(float) * (size_t)floats);
+    if (!grown) return bnb8_fail(BNB8_ERR_NOMEM, "bnb8_optimizer_step: %lld floats of row and column maxima for '%s'",
+                                 (long long)floats, t->name);
+    t->rank1_work = grown;
+    t->rank1_work_floats = floats;
+    return BNB8_OK;
 }
 
 // Tensor t (id) stepped on the GPU: its step count advanced, its arrays and this step's constants in *g.
@@ -1257,6 +1432,9 @@ static void bnb8_describe_gpu(bnb8_optimizer *opt, bnb8_tensor *t, int id, float
     g->grad_dtype = t->grad_dtype;
     g->eight_bit = t->format == BNB8_STATE_8BIT;
     g->blocksize = (int32_t)t->cfg.blocksize;
+    g->rows = t->rows;
+    g->row_size = t->row_size;
+    g->rank1_k = t->rank1_k;
     g->percentile = t->cfg.percentile_clipping;
     g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
     g->format = t->format;
@@ -1331,6 +1509,7 @@ bnb8_status bnb8_optimizer_step_tensors(bnb8_optimizer *opt, const int *ids, int
         gpu_tensors += t->on_gpu;
     }
     free(seen);
+    for (int i = 0; i < count && !status; i++) status = bnb8_rank1_work(&opt->tensors[ids[i]]);
     if (status) return status;
     for (int i = 0; i < count; i++)
         if (!opt->tensors[ids[i]].on_gpu) bnb8_step_tensor_cpu(opt, &opt->tensors[ids[i]], lr, gnorm_scale);
@@ -1359,10 +1538,11 @@ bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale
 //               (fp32, bf16 or fp16; with a correction the exact weights it corrects), except
 //               beside an fp32 master, whose weights are RNE(master) and are rebuilt on load;
 //               u32 CRC-32 of the record
-//   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash); bits 8..15 the scale dtype
-//           of flash states, the map of 8-bit states (0 dynamic, 1 linear); bits 16..23 the
-//           correction bytes, or 0x80 for stochastic rounding (no correction); bits 24..31 the
-//           weights' dtype. Block size: the 8-bit block size (0: one absmax per tensor), 32 for flash.
+//   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash, 3 4-bit, 4 flash4); bits 8..15
+//           the scale dtype of flash and flash4 states, the map of 8-bit states (0 dynamic, 1 linear);
+//           bits 16..23 the correction bytes, or 0x80 for stochastic rounding (no correction); bits
+//           24..31 the weights' dtype. Block size: the 8-bit block size (0: one absmax per tensor), 32
+//           for flash and flash4 states, the 4-bit block size + row_size 2^16 (rank-1; 0 without).
 // A file holds every byte the optimizer needs once: load restores the weights too, so a checkpoint
 // needs no other copy of them. Version 1 files (before the weights of every tensor were in them)
 // still load: they hold only corrected tensors' weights (all of them, masters' too), and their
@@ -1375,6 +1555,7 @@ bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale
 #define BNB8_STATE_MAGIC "BNB8OPT"
 #define BNB8_STATE_VERSION 4u
 #define BNB8_RECORD_STOCHASTIC 0x80u   // the format word's correction field of stochastic rounding
+#define BNB8_ROW_SIZE_UNIT (INT64_C(1) << 16)   // a 4-bit record's block size field: block + row_size 2^16
 
 // Whether a tensor is a shard of one (shards 1) or is rounded stochastically (shards 0).
 static int bnb8_has(const bnb8_optimizer *opt, int shards) {
@@ -1386,7 +1567,7 @@ static int bnb8_file_version(const bnb8_optimizer *opt) { return bnb8_has(opt, 0
 
 static uint32_t bnb8_record_format(const bnb8_tensor *t, uint32_t version) {
     uint32_t f = (uint32_t)t->format;
-    if (t->format == BNB8_STATE_FLASH) f |= (uint32_t)t->scale_dtype << 8;
+    if (bnb8_companded_format(t->format)) f |= (uint32_t)t->scale_dtype << 8;
     if (t->format == BNB8_STATE_8BIT) f |= (uint32_t)t->cfg.map << 8;
     if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16;
     if (t->stochastic) f |= BNB8_RECORD_STOCHASTIC << 16;
@@ -1406,8 +1587,11 @@ static const char *bnb8_scale_name(uint32_t dtype) {
     const char *names[4] = {"f32", "f16", "bf16", "e6m10"};
     return dtype < 4 ? names[dtype] : "unknown";
 }
+// The record's block size field: 32 for the companded formats; the 4-bit block size plus the row
+// size (rank-1, else 0) times 2^16 (row_size < 2^47: checked at add).
 static int64_t bnb8_record_block(const bnb8_tensor *t) {
-    return t->format == BNB8_STATE_FLASH ? BNB8_FLASH_GROUP : t->cfg.blocksize;
+    if (t->format == BNB8_STATE_4BIT) return t->cfg.blocksize + t->row_size * BNB8_ROW_SIZE_UNIT;
+    return bnb8_companded_format(t->format) ? BNB8_FLASH_GROUP : t->cfg.blocksize;
 }
 // Bytes of weights after the state memory in a record of this version.
 static size_t bnb8_record_weight_bytes(const bnb8_tensor *t, uint32_t version) {
@@ -1733,7 +1917,15 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
                                (long long)t->cfg.blocksize);
             break;
         }
-        if (t->format == BNB8_STATE_FLASH && (format & 0xffu) == BNB8_STATE_FLASH && map != (uint32_t)t->scale_dtype) {
+        if (t->format == BNB8_STATE_4BIT && (format & 0xffu) == BNB8_STATE_4BIT && blocksize != bnb8_record_block(t)) {
+            // 4-bit states of another block size or matrix shape (rank-1): say which.
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved with 4-bit blocks of %lld and row_size %lld (0: no "
+                               "rank-1 normalization); this optimizer has blocks of %lld and row_size %lld", fn, path, name,
+                               (long long)(blocksize % BNB8_ROW_SIZE_UNIT), (long long)(blocksize / BNB8_ROW_SIZE_UNIT),
+                               (long long)t->cfg.blocksize, (long long)t->row_size);
+            break;
+        }
+        if (bnb8_companded_format(t->format) && (format & 0xffu) == (uint32_t)t->format && map != (uint32_t)t->scale_dtype) {
             // e.g. a file from before e6m10 became the default: say which scales to configure.
             status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved with %s group scales; this optimizer has %s "
                                "ones (set cfg.scale_dtype to load it)", fn, path, name, bnb8_scale_name(map),

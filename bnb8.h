@@ -7,8 +7,10 @@ bnb8 keeps an optimizer's states in 8 bits instead of 32. Its 8-bit states are b
 block-wise dynamic quantization: a byte per element, a code of a 256-value map, and a float scale
 per block of elements. Its flash states are FlashOptim's: companded codes with a scale per 32
 elements, and bf16/fp16 weights that carry a master weight correction, so that they step like fp32
-weights. It has AdamW, Adam, SGD, Lion, RMSprop, Adagrad, LAMB, LARS and AdEMAMix; tensors live in
-CPU or GPU memory, and both give the same bits. The library is three files: this header, bnb8.c
+weights. Its 4-bit states are Li, Chen and Zhu's (16-value maps, blocks of 128, the second moment
+rank-1 normalized) or flash's companding with 16 codes, two codes per byte. It has AdamW, Adam,
+SGD, Lion, RMSprop, Adagrad, LAMB, LARS and AdEMAMix; tensors live in CPU or GPU memory, and both
+give the same bits. The library is three files: this header, bnb8.c
 (the CPU, with OpenMP) and bnb8_cuda.cu (the GPU). This header is its reference; DESIGN.md holds
 the formats, the numerics and the reasons.
 
@@ -32,6 +34,7 @@ CONTENTS (search for the tag in brackets)
     [math.step]      one optimizer update of one element
     [math.sumsq]     the sum of g^2 in one fixed order
     [math.flash]     master weight correction and companding of one element
+    [math.four]      4-bit states: the 16-value maps, nibbles, rank-1 scales, companded 4-bit codes
     [math.fast]      the GPU's vouched fast forms of the flash math
     [gpu.step]       one step's tensor descriptors, the launch, memory helpers
 
@@ -172,12 +175,19 @@ typedef enum {
 } bnb8_optim;
 // fp32 states; 8-bit block-wise codes + an fp32 absmax per block; flash (AdamW, Adam, SGD, Lion):
 // companded codes + a scale per 32, and bf16/fp16 weights carry a master weight correction.
-typedef enum { BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2 } bnb8_state_format;
+// 4-bit (DESIGN.md §5.7), two codes per byte (the low nibble the even element): BNB8_STATE_4BIT, Li et
+// al.'s block-wise codes of 16-value maps + an fp32 absmax per block (the paper's block: 128), the
+// second moment optionally rank-1 normalized (cfg.row_size); BNB8_STATE_FLASH4 (AdamW, Adam, SGD,
+// Lion), companded 4-bit codes + a scale per 32 as flash.
+typedef enum {
+    BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2, BNB8_STATE_4BIT = 3, BNB8_STATE_FLASH4 = 4
+} bnb8_state_format;
 // Maps of 8-bit states: signed states take the signed map, non-negative ones (Adam's v) the unsigned.
 typedef enum { BNB8_MAP_DYNAMIC = 0, BNB8_MAP_LINEAR = 1, BNB8_NUM_MAPS } bnb8_map;
 
 #define BNB8_CORRECTION_AUTO (-1)   // cfg.correction_bytes: the state format's own (int8 for flash)
 #define BNB8_CORRECTION_STOCHASTIC (-2)   // cfg.correction_bytes: no master, stochastic rounding (DESIGN.md §6.6)
+#define BNB8_BLOCKSIZE_4BIT 128      // Li et al.'s block size for 4-bit states (cfg.blocksize)
 typedef struct {
     float lr;                    // base learning rate; each step passes the scheduled one
     float beta1, beta2, beta3;   // moment decays (beta3: AdEMAMix's slow EMA)
@@ -188,17 +198,23 @@ typedef struct {
     int64_t t_alpha, t_beta3;    // AdEMAMix warm-up steps for alpha and beta3 (0 = none)
     float max_unorm;             // LAMB / LARS trust bound (0 = off)
     int percentile_clipping;     // 1..99: clip g at that percentile of the last 100 norms; 100 = off
-    bnb8_state_format format;    // 32-bit, 8-bit block-wise or flash (companded) states
+    bnb8_state_format format;    // 32-bit, 8-bit block-wise, flash (companded), 4-bit or flash4 states
     int64_t blocksize;           // 8-bit: a power of two in 64..4096 (default 256), or 0: one absmax
-                                 // per tensor (the paper's ablation; two passes per step)
+                                 // per tensor (the paper's ablation; two passes per step). 4-bit: a
+                                 // power of two in 64..4096 (Li et al.'s 128: BNB8_BLOCKSIZE_4BIT)
     bnb8_map map;                // 8-bit: dynamic (default) or linear; a GPU tensor keeps the optimizer's
+                                 // (4-bit, flash and flash4 states have their own codes: dynamic only)
+    int64_t row_size;            // 4-bit: the tensor as a matrix of rows of row_size elements (n = rows x
+                                 // row_size): its non-negative states (Adam's v) are normalized by
+                                 // min(row max, column max) instead of blocks (rank-1; two passes per
+                                 // step; a whole tensor only). 0 (default): blocks for every state
     int64_t min_8bit_size;       // tensors with fewer elements keep 32-bit states (default 4096)
     int64_t stacked;             // a tensor that stacks this many logical tensors (a trainer that keeps
                                  // its L layers' layernorms in one tensor, as llm.c does): min_8bit_size
                                  // applies to each, n / stacked elements (default 0: one tensor)
     int correction_bytes;        // bf16/fp16 weights, any state format: the master weight correction's
                                  // bytes, 0 (none: each step's result rounded to nearest), 1 (int8), 2 (int16),
-                                 // 4 (an fp32 master), BNB8_CORRECTION_AUTO (default): int8 in a flash
+                                 // 4 (an fp32 master), BNB8_CORRECTION_AUTO (default): int8 in a flash or flash4
                                  // configuration, else none; or BNB8_CORRECTION_STOCHASTIC: none, each step's
                                  // result rounded stochastically (DESIGN.md §6.6; fp32 weights are refused).
                                  // bnb8_optimizer_add starts the master at the weights (bnb8_optimizer_import_fp32
@@ -229,7 +245,7 @@ void bnb8_optimizer_free(bnb8_optimizer *opt);
 // Before bnb8_optimizer_add of that name: any field. After it: the hyperparameters (lr, beta1,
 // beta2, beta3, eps, weight_decay, momentum, dampening, nesterov, alpha, t_alpha, t_beta3,
 // max_unorm, gnorm_scale_at) change from the next step; the fields that lay out its states (format,
-// blocksize, map, min_8bit_size, stacked, correction_bytes, scale_dtype, percentile_clipping,
+// blocksize, map, row_size, min_8bit_size, stacked, correction_bytes, scale_dtype, percentile_clipping,
 // sum_squares, shard_offset, shard_total, seed) must be the tensor's own, or the call is refused naming
 // the field. name NULL: cfg's hyperparameters for every tensor added and every later one, each keeping
 // its layout (cfg's layout fields must be the optimizer's): a trainer that passes its betas, eps or
@@ -241,10 +257,10 @@ bnb8_status bnb8_optimizer_override(bnb8_optimizer *opt, const char *name, const
 // element shard_offset of the whole tensor, n elements. Its blocks and groups are the whole tensor's,
 // so N shards stepped apart make the whole tensor's bits: the state format follows shard_total (not
 // n) against min_8bit_size, and a shard must start and end on a boundary of its states: a multiple
-// of the block size (8-bit) or of 32 (flash) from the tensor's start, the end also at shard_total
-// (4096 suits every format). Refused for a part of a tensor (n < shard_total), as they need the
-// whole tensor: one absmax per tensor (blocksize 0), percentile clipping, LAMB/LARS trust ratios
-// (max_unorm > 0). cfg.sum_squares then gives the shard's part (see bnb8_optimizer_sum_squares).
+// of the block size (8-bit, 4-bit) or of 32 (flash, flash4) from the tensor's start, the end also at
+// shard_total (4096 suits every format). Refused for a part of a tensor (n < shard_total), as they
+// need the whole tensor: one absmax per tensor (blocksize 0), rank-1 normalization (row_size > 0: its
+// column maxima), percentile clipping, LAMB/LARS trust ratios (max_unorm > 0). cfg.sum_squares then gives the shard's part (see bnb8_optimizer_sum_squares).
 bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *param, bnb8_dtype param_dtype,
                                void *grad, bnb8_dtype grad_dtype, int64_t n, int *id);
 // Points tensor id at another gradient buffer (gradient release reuses buffers).
@@ -557,21 +573,24 @@ BNB8_HD float bnb8_round_result(const bnb8_rounding *r, float p, bnb8_dtype dtyp
 // ==== [math.codes] thresholds, the nearest code, the codebook lookup (DESIGN.md §3) ==============
 
 // The 255 decision thresholds of a map, t[k] = (code[k] + code[k+1]) * 0.5f, padded with +inf at
-// t[255] so that a branch-free binary search over 256 slots works.
-BNB8_HD float bnb8_threshold(const float code[256], int k) {
-    return k < 255 ? (code[k] + code[k + 1]) * 0.5f : bnb8_bits_f32(0x7f800000u);
+// t[255] so that a branch-free binary search over 256 slots works (a 4-bit map: 15 and t[15]).
+BNB8_HD float bnb8_threshold_of(const float *code, int size, int k) {
+    return k < size - 1 ? (code[k] + code[k + 1]) * 0.5f : bnb8_bits_f32(0x7f800000u);
 }
+BNB8_HD float bnb8_threshold(const float code[256], int k) { return bnb8_threshold_of(code, 256, k); }
 BNB8_HD void bnb8_thresholds(const float code[256], float t[256]) {
     for (int k = 0; k < 256; k++) t[k] = bnb8_threshold(code, k);
 }
 
-// Number of thresholds t[0..254] strictly below v (or at most v): a branch-free binary search.
-BNB8_HD int bnb8_count_below(const float t[256], float v) {
+// Number of thresholds t[0..size - 2] strictly below v (or at most v): a branch-free binary search
+// over size slots (a power of two; t[size - 1] = +inf): 256 for the 8-bit maps, 16 for the 4-bit ones.
+BNB8_HD int bnb8_count_below_of(const float *t, int size, float v) {
     int i = 0;
-    for (int step = 128; step > 0; step >>= 1)
+    for (int step = size / 2; step > 0; step >>= 1)
         if (t[i + step - 1] < v) i += step;
     return i;
 }
+BNB8_HD int bnb8_count_below(const float t[256], float v) { return bnb8_count_below_of(t, 256, v); }
 BNB8_HD int bnb8_count_at_most(const float t[256], float v) {
     int i = 0;
     for (int step = 128; step > 0; step >>= 1)
@@ -580,12 +599,13 @@ BNB8_HD int bnb8_count_at_most(const float t[256], float v) {
 }
 
 // Nearest code of x (DESIGN.md §3): the number of thresholds strictly below x, and a value exactly on a
-// threshold goes to the even index of its pair. The reference form, 8 comparisons.
-BNB8_HD int bnb8_nearest_code(const float t[256], float x) {
-    int i = bnb8_count_below(t, x);
-    if (i < 255 && t[i] == x && (i & 1)) i++;
+// threshold goes to the even index of its pair. The reference form, 8 comparisons (4 for 16 codes).
+BNB8_HD int bnb8_nearest_code_of(const float *t, int size, float x) {
+    int i = bnb8_count_below_of(t, size, x);
+    if (i < size - 1 && t[i] == x && (i & 1)) i++;
     return i;
 }
+BNB8_HD int bnb8_nearest_code(const float t[256], float x) { return bnb8_nearest_code_of(t, 256, x); }
 
 // The same function, faster: a table indexed by the sign, exponent and top 7 mantissa bits of x
 // (bucket 2k + sign: k = 0 for |x| < 2^-24, one k per 2^16 floats of exponents 103..126, then
@@ -1033,6 +1053,95 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
     return bnb8_expand_from_unit(bnb8_expand_unit(code, is_signed), scale, is_signed);
 }
 
+// ==== [math.four] 4-bit states: 16-value maps, nibbles, rank-1 scales, companded codes (DESIGN.md §5.7)
+// Two codes per byte: element 2j in the low nibble of byte j, 2j + 1 in the high one. The high
+// nibble of an odd n's last byte holds the pad code (bnb8_four_pad), which every writer keeps.
+//   BNB8_STATE_4BIT (Li, Chen, Zhu, NeurIPS 2023): per state, an fp32 absmax per block as the 8-bit
+//     format, or for the non-negative state of a matrix (cfg.row_size) the rank-1 scale of element
+//     (r, c): min(row max r, column max c) of the state (bnb8_rank1_scale). Value = map[code] * scale,
+//     code = bnb8_four_code(thresholds, is_signed, x, scale).
+//   BNB8_STATE_FLASH4: per state a scale per group of 32 as flash (bnb8_compand_magnitude,
+//     bnb8_scale_round), code = bnb8_compand4_code, value = bnb8_expand4_value.
+#define BNB8_FOUR_CODES 16
+
+// Code c of a 4-bit map. Signed (m, momentum, Lion's EMA): the dynamic map built as the 8-bit one
+// (DESIGN.md §3) with 4 bits: a sign, then 3 levels i = 0..2 of 2^i values 10^(i-2) (0.1 + 0.9
+// (2k+1)/2^(i+1)) each, both signs, 0 and 1, ascending; the exact values rounded to float. Unsigned
+// (v, accumulators): the linear map without zero, (c + 1) / 16: no value decodes to 0 under a
+// non-zero scale, so 1 / (sqrt(v) + eps) stays bounded (the paper's zero-point problem).
+BNB8_HD float bnb8_four_map(int is_signed, int c) {
+    const float dynamic[BNB8_FOUR_CODES] = {-0.8875f, -0.6625f, -0.4375f, -0.2125f, -0.0775f, -0.0325f, -0.0055f, 0.0f,
+                                            0.0055f, 0.0325f, 0.0775f, 0.2125f, 0.4375f, 0.6625f, 0.8875f, 1.0f};
+    return is_signed ? dynamic[c & 15] : (float)((c & 15) + 1) * 0.0625f;
+}
+// The code of exact zero, which an all-zero block stores: 7 signed (the map's 0), 0 unsigned
+// (1/16 of an absmax of 0 decodes to 0).
+BNB8_HD int bnb8_four_zero_code(int is_signed) { return is_signed ? 7 : 0; }
+// The code an all-zero state holds: what bnb8_optimizer_add writes and what pads an odd n's last
+// byte (the zero code of 4-bit states; code 0 of flash4, whose value is 0 under a zero scale).
+BNB8_HD int bnb8_four_pad(int format, int is_signed) {
+    return format == BNB8_STATE_4BIT ? bnb8_four_zero_code(is_signed) : 0;
+}
+
+// Code of state value s under scale a >= |s| (a block's absmax or a rank-1 scale): the nearest code
+// of s / a (IEEE division) among the 16 of the map of thresholds t (bnb8_threshold_of(map, 16, k)),
+// ties to the even index (bnb8_nearest_code_of); a negative s never decodes to zero or above
+// (bnb8_keep_sign: code 6 instead of 7 or more). a = 0 (an all-zero block, row or column): the zero code.
+BNB8_HD int bnb8_four_code(const float t[BNB8_FOUR_CODES], int is_signed, float s, float a) {
+    const int zero_code = bnb8_four_zero_code(is_signed);
+    s = s + 0.0f;   // -0 is not negative: keep_sign leaves it at the zero code
+    return a > 0.0f ? bnb8_keep_sign(bnb8_nearest_code_of(t, BNB8_FOUR_CODES, s / a), zero_code, s) : zero_code;
+}
+
+// Nibble i of packed codes q, and a byte of two.
+BNB8_HD int bnb8_nibble(const uint8_t *q, int64_t i) { return (q[i >> 1] >> (4 * (int)(i & 1))) & 15; }
+BNB8_HD uint8_t bnb8_nibble_pair(int even, int odd) { return (uint8_t)((even & 15) | (odd & 15) << 4); }
+
+// Rank-1 normalization of a matrix of rows x cols (cfg.row_size = cols): maxima holds the rows' maxima
+// (rows floats), then the columns' (cols floats); element i = r cols + c has the scale
+// min(maxima[r], maxima[rows + c]), which is >= the element: its state / scale lies in [0, 1].
+BNB8_HD float bnb8_rank1_min(const float *maxima, int64_t rows, int64_t r, int64_t c) {
+    return fminf(maxima[r], maxima[rows + c]);
+}
+BNB8_HD float bnb8_rank1_scale(const float *maxima, int64_t rows, int64_t cols, int64_t i) {
+    int64_t r = i / cols;
+    return bnb8_rank1_min(maxima, rows, r, i - r * cols);
+}
+
+// Companded 4-bit codes (BNB8_STATE_FLASH4), flash's (§6.2) with 16 codes: m as bnb8_compand_code's.
+// Signed: z = x/s, y = 2z/(1+|z|), q = floor(7 y + 0.5) in [-7, 7], the nibble its two's complement.
+// Unsigned: z = sqrt(x)/s, k = floor(16 z + 0.5) (the nearest of 1..16, ties up), code k - 1 in
+// [0, 15]: the levels (c + 1)/16 of the root exclude 0, as the 4-bit map of v does. Scale 0 (an
+// all-zero group), a non-finite x: code 0.
+BNB8_HD int bnb8_compand4_code(float x, float m, float scale, int is_signed) {
+    if (!(scale > 0.0f) || !bnb8_isfinite(x)) return 0;
+    if (is_signed) {
+        float z = x / scale, y = (2.0f * z) / (1.0f + fabsf(z)), q = floorf(y * 7.0f + 0.5f);
+        if (!(q == q)) return 0;
+        return (int)fminf(fmaxf(q, -7.0f), 7.0f) & 15;
+    }
+    float q = floorf((m / scale) * 16.0f + 0.5f) - 1.0f;
+    if (!(q == q)) return 0;
+    return (int)fminf(fmaxf(q, 0.0f), 15.0f);
+}
+BNB8_HD int bnb8_compand4_value(float x, float scale, int is_signed) {
+    return bnb8_compand4_code(x, bnb8_compand_magnitude(x, is_signed), scale, is_signed);
+}
+// The value of a companded 4-bit code under scale s: bnb8_expand_from_unit of its unit, y / (2 - |y|)
+// for a signed code q (y = q/7, the nibble as two's complement; -8, never written, reads as -8/7),
+// (c + 1)/16 for an unsigned one: x = unit s, or (unit s)^2. Code 0 signed is 0 whatever the scale;
+// unsigned codes are 0 only under a zero scale.
+BNB8_HD float bnb8_expand4_unit(int code, int is_signed) {
+    if (is_signed) {
+        float y = (float)((code & 7) - (code & 8)) / 7.0f;
+        return y / (2.0f - fabsf(y));
+    }
+    return (float)((code & 15) + 1) * 0.0625f;
+}
+BNB8_HD float bnb8_expand4_value(int code, float scale, int is_signed) {
+    return bnb8_expand_from_unit(bnb8_expand4_unit(code, is_signed), scale, is_signed);
+}
+
 // ==== [math.fast] the GPU's vouched fast forms of the flash math =================================
 // Fast forms of the flash math for the GPU's default configuration (bf16 weights, int8
 // corrections): each gives the exact function's result, or clears *ok where it cannot vouch for
@@ -1127,25 +1236,30 @@ BNB8_HD uint32_t bnb8_compand_root_fast(float root, float r255, int *ok) {
 // ==== [gpu.step] one step's tensor descriptors, the launch, memory helpers (DESIGN.md §10) =======
 // The optimizer's GPU path: bnb8.c describes each GPU tensor of a step (its arrays and
 // the step's constants, computed on the host) and bnb8_cuda.cu steps them all in one launch, and
-// the 8-bit ones with one absmax per tensor (blocksize 0) in two more, as the CPU's two passes;
-// tensors that round stochastically are stepped so apart from the others (kernels of their own).
+// the 8-bit ones with one absmax per tensor (blocksize 0) and the rank-1 4-bit ones in two more, as
+// the CPU's two passes; tensors that round stochastically are stepped so apart from the others
+// (kernels of their own).
 
 typedef struct {
     void *param;
     const void *grad;
-    void *state[3];              // (n) floats, or (n) codes
-    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit state; (1) for blocksize 0
+    void *state[3];              // (n) floats, (n) codes, or (ceil(n / 2)) bytes of 4-bit codes
+    float *absmax[3];            // (ceil(n / blocksize)) per 8-bit or 4-bit state; (1) for blocksize 0;
+                                 // (rows + row_size) maxima of a rank-1 state
     float *history;              // (100) squared gradient norms when percentile clipping is on
     int64_t n;
     int64_t step;                // the tensor's step count, this step included
     int64_t first_chunk;         // filled by bnb8_cuda.cu: index of this tensor's first chunk
     int32_t param_dtype, grad_dtype, eight_bit, blocksize, percentile;
     bnb8_step_args args;
-    int32_t format;              // bnb8_state_format of the states (32-bit, 8-bit, flash)
+    int32_t format;              // bnb8_state_format of the states (32-bit, 8-bit, flash, 4-bit, flash4)
     int32_t correction_bytes;    // 0, or 1 / 2 / 4: param is bf16/fp16 with an int8/int16 correction or fp32 master
     int32_t scale_dtype;         // flash states: the dtype of the group scales
     void *correction;            // (n) int8, int16 or fp32, when correction_bytes > 0
-    void *scale[2];              // flash states: (ceil(n / 32)) scales per state
+    void *scale[2];              // flash and flash4 states: (ceil(n / 32)) scales per state
+    int64_t rows, row_size;      // 4-bit states of a matrix: state rank1_k is rank-1 normalized; else 0
+    int32_t rank1_k;
+    unsigned *rank1_max;         // filled by bnb8_cuda.cu: the step's new row and column maxima (float bits)
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
     const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL
     double *units;               // filled by bnb8_cuda.cu: the tensor's per-128-element partial sums

@@ -110,6 +110,22 @@ __device__ void bnb8_store_codes4(uint8_t *q, int64_t i, int64_t n, bool vec, ui
     for (int j = 0; j < 4; j++) if (i + j < n) q[i + j] = (uint8_t)(w >> (8 * j));
 }
 
+// 4-bit codes i..i+3 (i even) packed in a 16-bit word (nibble j = code i + j), bytes i/2 and i/2 + 1:
+// a byte is read, and written, when its first element lies inside n (the caller puts the pad code
+// in the nibbles past n), so that each byte is written once, by one thread.
+__device__ uint32_t bnb8_load_nibbles4(const uint8_t *q, int64_t i, int64_t n, bool vec) {
+    if (vec && i + 4 <= n) return BNB8_LD((const unsigned short *)(q + i / 2));
+    uint32_t w = 0;
+    if (i < n) w = q[i / 2];
+    if (i + 2 < n) w |= (uint32_t)q[i / 2 + 1] << 8;
+    return w;
+}
+__device__ void bnb8_store_nibbles4(uint8_t *q, int64_t i, int64_t n, bool vec, uint32_t w) {
+    if (vec && i + 4 <= n) { BNB8_ST((unsigned short *)(q + i / 2), (unsigned short)w); return; }
+    if (i < n) q[i / 2] = (uint8_t)w;
+    if (i + 2 < n) q[i / 2 + 1] = (uint8_t)(w >> 8);
+}
+
 // A codebook (bnb8_codebook_init) built on the device into global memory, one entry per thread,
 // so that the kernels using it copy it rather than each block building its own.
 __global__ void bnb8_codebook_kernel(const float *code, int zero_code, bnb8_codebook *cb) {
@@ -497,8 +513,9 @@ extern "C" bnb8_status bnb8_cuda_masters(void *param, bnb8_dtype dtype, void *co
 // that max (BNB8_PASS_STORE); a last kernel writes it as the tensor's absmax. Nothing is written
 // before the second pass, so both passes read the same old states, absmax included.
 enum { BNB8_PASS_BLOCKS = 0, BNB8_PASS_MAX = 1, BNB8_PASS_STORE = 2 };
-// The update kernels' FLASH mode of a launch whose tensors all round stochastically (bnb8_update_kernel).
-enum { BNB8_SR_LAUNCH = 3 };
+// The update kernels' FLASH modes of a launch with 4-bit tensors, and of one whose tensors all round
+// stochastically (bnb8_update_kernel).
+enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4 };
 
 typedef struct {
     bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
@@ -532,6 +549,8 @@ typedef struct {
     int64_t units_capacity;
     int sms;
     int update_per_sm[3][BNB8_SR_LAUNCH + 1][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    unsigned *rank1_max;         // (rank1_capacity) the rank-1 tensors' new row and column maxima, as float bits
+    int64_t rank1_capacity;
 } bnb8_cuda_context;
 
 // The tensor among [from, end) that holds chunk: the last one whose first_chunk <= chunk, where
@@ -550,8 +569,9 @@ __device__ int bnb8_tensor_of(const bnb8_gpu_tensor *t, int from, int end, int64
     return lo;
 }
 
-// 8-bit states with one absmax per tensor: stepped in two passes (blocksize 0).
-__host__ __device__ bool bnb8_per_tensor(const bnb8_gpu_tensor *t) { return t->eight_bit && t->blocksize == 0; }
+// 8-bit states with one absmax per tensor (blocksize 0) and rank-1 4-bit states: stepped in two passes.
+__host__ __device__ bool bnb8_per_tensor(const bnb8_gpu_tensor *t) { return (t->eight_bit && t->blocksize == 0) || t->row_size > 0; }
+static bool bnb8_four_tensor(const bnb8_gpu_tensor *t) { return t->format == BNB8_STATE_4BIT || t->format == BNB8_STATE_FLASH4; }
 
 // Element i's absmax is absmax[k][i >> shift]; for blocksize 0 every i < 2^52 shifts to the one.
 __device__ int bnb8_absmax_shift(const bnb8_gpu_tensor *t) { return t->blocksize > 0 ? bnb8_log2(t->blocksize) : 63; }
@@ -1305,6 +1325,164 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         if (k < nstates && o % BNB8_FLASH_GROUP == 0) scales[k][o / BNB8_FLASH_GROUP] = (uint16_t)sc[k];
 }
 
+// 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH mode 3): the 16-value maps, their
+// thresholds and flash4's units, a shared-memory read each (static: only these kernels hold them).
+struct bnb8_four_smem {
+    float map[2][BNB8_FOUR_CODES];   // bnb8_four_map: [0] unsigned, [1] signed
+    float t[2][BNB8_FOUR_CODES];     // their thresholds (bnb8_threshold_of), t[15] = +inf
+    float unit[2][BNB8_FOUR_CODES];  // bnb8_expand4_unit of each flash4 code
+};
+__shared__ bnb8_four_smem bnb8_four_tables;
+
+// Element i + 1's row and column from element i's (a matrix of rows of cols elements).
+__device__ __forceinline__ void bnb8_next_cell(int64_t cols, int64_t &row, int64_t &col) {
+    if (++col == cols) { col = 0; row++; }
+}
+
+// The max pass of a rank-1 tensor: state k's fresh values (s, bnb8_four_chunk's) into the step's row
+// and column maxima t.rank1_max, a thread's elements of one row combined first.
+template <int R, bool FULL, int S>
+__device__ void bnb8_rank1_maxima(const bnb8_gpu_tensor &t, int64_t base, const float (&s)[R][S][4], int k) {
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r), row = i / t.row_size, col = i - row * t.row_size, at = row;
+        float run = 0.0f;            // the max over this thread's elements of row at
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (!(FULL || i + j < t.n)) break;
+            const float v = fabsf(s[r][k][j]);
+            if (row != at) {
+                if (run > 0.0f) atomicMax(&t.rank1_max[at], bnb8_f32_bits(run));
+                at = row;
+                run = 0.0f;
+            }
+            if (v > 0.0f) atomicMax(&t.rank1_max[t.rows + col], bnb8_f32_bits(v));
+            run = fmaxf(run, v);
+            bnb8_next_cell(t.row_size, row, col);
+        }
+        if (run > 0.0f) atomicMax(&t.rank1_max[at], bnb8_f32_bits(run));
+    }
+}
+
+// One chunk of a tensor with 4-bit or flash4 states, in bnb8_update_chunk's layout (a lane holds 4
+// consecutive elements of a row: two bytes of codes per state, written once, by this thread). Every
+// load first; the masters (any weight dtype, with or without a correction or fp32 master), the
+// states dequantized (map[code] times the block's absmax or the rank-1 min(row max, column max), or
+// flash4's expansion under the group's scale), the update in float32; then per state the new codes:
+// 4-bit under each block's new absmax (bnb8_block_max) or the rank-1 scale of the step's maxima,
+// flash4 under each group's new scale (8 lanes). PASS: a rank-1 tensor's two passes; BNB8_PASS_MAX
+// stores nothing and takes the non-negative state's row and column maxima into t.rank1_max (atomicMax
+// of the float bits of values > 0, which order as the floats do: exact in any order; a thread's
+// elements of one row combined first), and BNB8_PASS_STORE codes that state under them. Out of line,
+// so that its registers do not weigh on the launch's other paths (flash, 8-bit with masters):
+// inlined, ptxas -v gave the mode-3 kernel of R = 2 AdamW 280 / 880 bytes of spill stores / loads
+// against mode 2's 80 / 96.
+template <int R, int KIND, bool FULL, int PASS>
+__device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
+    const bnb8_four_smem &ft = bnb8_four_tables;
+    const bnb8_gpu_tensor &t = sm.t;
+    const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
+    const bool vec = FULL || sm.vec;
+    const bnb8_step_args args = bnb8_args_of<KIND>(t);
+    const int nstates = args.nstates, cb = t.correction_bytes, flash4 = t.format == BNB8_STATE_FLASH4, shift = sm.shift;
+    const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype, sdt = (bnb8_dtype)t.scale_dtype;
+    constexpr int S = bnb8_max_states(KIND);
+    float p[R][4], g[R][4], s[R][S][4];
+    uint32_t bits[R][2] = {}, corr[R][2] = {}, codes[S][R];
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r);
+        bnb8_masters_load4(t, pdt, cb, i, lim, vec, p[r], bits[r], corr[r]);
+        bnb8_load4(t.grad, t.grad_dtype, i, lim, vec, g[r]);
+        #pragma unroll
+        for (int k = 0; k < S; k++) if (k < nstates) codes[k][r] = bnb8_load_nibbles4((const uint8_t *)t.state[k], i, lim, vec);
+    }
+    if (PASS != BNB8_PASS_MAX) bnb8_sumsq_rows<R>(t, base, g);
+    const float trust = sm.trust;
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        int64_t i = base + bnb8_offset<R>(r), row = 0, col = 0;
+        if (t.row_size > 0) { row = i / t.row_size; col = i - row * t.row_size; }
+        bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r]);
+        float scale[S];          // a row's 4 elements share a block and a group
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            scale[k] = k >= nstates || !(FULL || i < n) ? 0.0f : flash4 ? bnb8_scale_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP)
+                     : k == t.rank1_k && t.row_size > 0 ? 0.0f : t.absmax[k][i >> shift];
+        uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const bool inside = FULL || i + j < n;
+            float sj[3] = {0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int k = 0; k < S; k++) {
+                if (k >= nstates) continue;
+                const int sg = bnb8_state_signed(KIND, k), c = (codes[k][r] >> (4 * j)) & 15;
+                float a = scale[k];
+                if (!flash4 && k == t.rank1_k && t.row_size > 0) a = inside ? bnb8_rank1_min(t.absmax[k], t.rows, row, col) : 0.0f;
+                sj[k] = flash4 ? bnb8_expand_from_unit(ft.unit[sg][c], a, sg) : ft.map[sg][c] * a;
+                s[r][k][j] = sj[k];
+            }
+            float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
+            float pn = bnb8_apply(&args, p[r][j], u, trust);
+            bool take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
+            bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
+            bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
+            #pragma unroll
+            for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
+            if (t.row_size > 0) bnb8_next_cell(t.row_size, row, col);
+        }
+        if (PASS != BNB8_PASS_MAX) bnb8_masters_store4(t, pdt, cb, i, lim, vec, p[r], nb, nc);
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        const int sg = bnb8_state_signed(KIND, k), pad = bnb8_four_pad(t.format, sg);
+        const bool rank1 = !flash4 && k == t.rank1_k && t.row_size > 0;
+        if constexpr (PASS == BNB8_PASS_MAX) {   // the other states' blocks are the store pass's
+            if (rank1) bnb8_rank1_maxima<R, FULL>(t, base, s, k);
+        } else {
+            float amax[R];
+            #pragma unroll
+            for (int r = 0; r < R; r++) {
+                int64_t i = base + bnb8_offset<R>(r);
+                amax[r] = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (FULL || i + j < n) amax[r] = fmaxf(amax[r], flash4 ? bnb8_compand_magnitude(s[r][k][j], sg) : fabsf(s[r][k][j]));
+            }
+            const bool one = t.blocksize >= 128 * R;
+            if (!flash4 && !rank1) bnb8_block_max<R>(amax, t.blocksize, sm.scratch);   // uniform over the block
+            #pragma unroll
+            for (int r = 0; r < R; r++) {
+                int64_t i = base + bnb8_offset<R>(r), row = 0, col = 0;
+                if (rank1) { row = i / t.row_size; col = i - row * t.row_size; }
+                float sc = amax[r];
+                if (flash4) {
+                    sc = bnb8_scale_round(bnb8_group_max<BNB8_FLASH_GROUP / 4>(amax[r]), sdt);
+                    if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_scale_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
+                } else if (!rank1 && (r == 0 || !one) && (FULL || i < n) && (i & (t.blocksize - 1)) == 0) {
+                    t.absmax[k][i >> shift] = sc;
+                }
+                uint32_t w = 0;
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int c = pad;
+                    if (FULL || i + j < n) {
+                        const float x = s[r][k][j];
+                        if (flash4) c = bnb8_compand4_code(x, bnb8_compand_magnitude(x, sg), sc, sg);
+                        else if (rank1) c = bnb8_four_code(ft.t[sg], sg, x, bnb8_rank1_min((const float *)t.rank1_max, t.rows, row, col));
+                        else c = bnb8_four_code(ft.t[sg], sg, x, sc);
+                    }
+                    w |= (uint32_t)c << (4 * j);
+                    if (rank1) bnb8_next_cell(t.row_size, row, col);
+                }
+                bnb8_store_nibbles4((uint8_t *)t.state[k], i, lim, vec, w);
+            }
+        }
+    }
+}
+
 // Chunks a block takes at most at a time (build with -DBNB8_GRAB=n to compare).
 #ifndef BNB8_GRAB
 #define BNB8_GRAB 16
@@ -1314,8 +1492,10 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
 // shared math's switch folds away.
 // FLASH: 1 when the launch holds flash tensors or corrected weights (only the kinds with a flash
 // form), 2 when some of those are 8-bit states with corrected weights: their chunks then carry the
-// masters (bnb8_update_chunk's MASTER), which costs the other paths registers where it is compiled.
-// BNB8_SR_LAUNCH (3): every tensor of the launch rounds its weights stochastically (none has a
+// masters (bnb8_update_chunk's MASTER), which costs the other paths registers where it is compiled;
+// BNB8_FOUR_LAUNCH (3) when it holds 4-bit or flash4 tensors (bnb8_four_chunk, and mode 2's paths
+// for the others), so that the launches without them compile as before.
+// BNB8_SR_LAUNCH (4): every tensor of the launch rounds its weights stochastically (none has a
 // correction; bnb8.c steps them in a launch of their own): the rounding is compiled into these
 // kernels only, so that the others keep their registers (DESIGN.md §6.6); no fast flash path.
 // PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
@@ -1327,11 +1507,22 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     extern __shared__ __align__(16) unsigned char bnb8_smem[];
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
     constexpr bool SR = FLASH == BNB8_SR_LAUNCH;
+    constexpr bool MASTERS = FLASH == 2 || FLASH == BNB8_FOUR_LAUNCH;   // chunks of 8-bit states may carry masters
     for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
     if (FLASH && (!SR || bnb8_flash_form(KIND))) {   // the tables (an SR launch's flash tensors need them)
         bnb8_flash_tables.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
         bnb8_flash_tables.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
         bnb8_flash_tables.ecc8[threadIdx.x] = bnb8_ecc8_entry((int32_t)(int8_t)threadIdx.x);
+    }
+    if (FLASH == BNB8_FOUR_LAUNCH && threadIdx.x < 2 * BNB8_FOUR_CODES) {
+        const int sg = threadIdx.x / BNB8_FOUR_CODES, c = threadIdx.x % BNB8_FOUR_CODES;
+        bnb8_four_tables.map[sg][c] = bnb8_four_map(sg, c);
+        bnb8_four_tables.unit[sg][c] = bnb8_expand4_unit(c, sg);
+    }
+    if (FLASH == BNB8_FOUR_LAUNCH) __syncthreads();   // the maps, before their thresholds
+    if (FLASH == BNB8_FOUR_LAUNCH && threadIdx.x < 2 * BNB8_FOUR_CODES) {
+        const int sg = threadIdx.x / BNB8_FOUR_CODES, c = threadIdx.x % BNB8_FOUR_CODES;
+        bnb8_four_tables.t[sg][c] = bnb8_threshold_of(bnb8_four_tables.map[sg], BNB8_FOUR_CODES, c);
     }
     __syncthreads();
     if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing
@@ -1406,7 +1597,14 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                     continue;
                 }
             }
-            if constexpr (FLASH && !SR && PASS == BNB8_PASS_BLOCKS) {   // the passes hold 8-bit tensors only
+            if constexpr (FLASH == BNB8_FOUR_LAUNCH) {           // 4-bit and flash4 tensors, in any pass
+                if (sm.t.format == BNB8_STATE_4BIT || sm.t.format == BNB8_STATE_FLASH4) {
+                    if (full) bnb8_four_chunk<R, KIND, true, PASS>(sm, base, bad);
+                    else bnb8_four_chunk<R, KIND, false, PASS>(sm, base, bad);
+                    continue;
+                }
+            }
+            if constexpr (FLASH && !SR && PASS == BNB8_PASS_BLOCKS) {   // the passes hold no flash tensors
                 if (sm.t.format == BNB8_STATE_FLASH || (sm.t.correction_bytes && !sm.t.eight_bit)) {
                     if (full && sm.def) {
                         for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
@@ -1421,11 +1619,11 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
             if (full && RUN) {
                 for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                    bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2, SR>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
+                    bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
                 chunk--;
             }
-            else if (full) bnb8_update_chunk<R, KIND, true, PASS, FLASH == 2, SR>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
-            else bnb8_update_chunk<R, KIND, false, PASS, FLASH == 2, SR>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+            else if (full) bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
+            else bnb8_update_chunk<R, KIND, false, PASS, MASTERS, SR>(sm, base, false, zero_unsigned, zero_signed, bad, tmax);
         }
     }
     for (int off = 16; off > 0; off >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, off);
@@ -1478,6 +1676,7 @@ extern "C" void bnb8_cuda_context_free(void *context) {
     cudaFree(c->tensor_max);
     cudaFree(c->nonfinite);
     cudaFree(c->units);
+    cudaFree(c->rank1_max);
     free(c);
 }
 
@@ -1515,13 +1714,19 @@ static bnb8_status bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t ch
 
 // The launch of KIND, with the flash tables when the launch has flash tensors or corrections (flash
 // states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only). flash: the
-// FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters, and
-// BNB8_SR_LAUNCH, as the first launch, when they round stochastically.
+// FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters,
+// BNB8_FOUR_LAUNCH when they hold rank-1 4-bit tensors (AdamW and Adam: the kinds with a second
+// moment), and BNB8_SR_LAUNCH, as the first launch, when they round stochastically.
 template <int KIND, int PASS>
 static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
                                     bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
     if (flash == BNB8_SR_LAUNCH) return bnb8_launch_update<KIND, BNB8_SR_LAUNCH, PASS>(c, rows, chunks, dh, dt, stream);
     if constexpr (bnb8_flash_form(KIND)) {
+        if constexpr (PASS == BNB8_PASS_BLOCKS || KIND == BNB8_ADAMW || KIND == BNB8_ADAM) {
+            if (flash == BNB8_FOUR_LAUNCH) return bnb8_launch_update<KIND, BNB8_FOUR_LAUNCH, PASS>(c, rows, chunks, dh, dt, stream);
+        } else {
+            if (flash == BNB8_FOUR_LAUNCH) return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_step: rank-1 states for optimizer kind %d", KIND);
+        }
         if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
         if constexpr (PASS == BNB8_PASS_BLOCKS)
             if (flash == 1) return bnb8_launch_update<KIND, 1, PASS>(c, rows, chunks, dh, dt, stream);
@@ -1546,13 +1751,44 @@ static bnb8_status bnb8_launch_pass(bnb8_cuda_context *c, int kind, int flash, i
     }
 }
 
-// After both passes of the blocksize-0 tensors [first, end): each state's max becomes its absmax.
+// After both passes of the blocksize-0 tensors [first, end): each state's max becomes its absmax (the
+// rank-1 tensors' maxima are copied by bnb8_cuda_step).
 __global__ void bnb8_absmax_kernel(const bnb8_gpu_tensor *tensors, int first, int end, const unsigned *tensor_max) {
     int ti = first + blockIdx.x * blockDim.x + threadIdx.x;
     if (ti >= end) return;
     const bnb8_gpu_tensor *t = &tensors[ti];
+    if (t->row_size > 0) return;
     for (int k = 0; k < t->args.nstates; k++) t->absmax[k][0] = bnb8_bits_f32(tensor_max[3 * ti + k]);
 }
+
+// Scratch of a launch in *pool (grown when a step needs more: cudaFree and cudaMalloc, which wait for
+// the device; the contents are not kept), shared out in tensor order: tensor i gets per(&t[i])
+// elements at t[i].*field, NULL for none. *total: the elements shared out.
+template <typename T>
+static bnb8_status bnb8_scratch_share(const char *fn, bnb8_gpu_tensor *t, int count, T **pool, int64_t *capacity,
+                                      T *bnb8_gpu_tensor::*field, int64_t (*per)(const bnb8_gpu_tensor *), int64_t *total) {
+    int64_t need = 0;
+    for (int i = 0; i < count; i++) need += per(&t[i]);
+    if (need > *capacity) {
+        cudaFree(*pool);
+        *pool = NULL;
+        *capacity = 0;
+        bnb8_status status = bnb8_cuda_status(fn, cudaMalloc((void **)pool, sizeof(T) * (size_t)need));
+        if (status) return status;
+        *capacity = need;
+    }
+    for (int64_t i = 0, at = 0; i < count; i++) {
+        int64_t k = per(&t[i]);
+        t[i].*field = k ? *pool + at : NULL;
+        at += k;
+    }
+    *total = need;
+    return BNB8_OK;
+}
+static int64_t bnb8_units_of(const bnb8_gpu_tensor *t) {
+    return t->sum_squares ? (t->n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
+}
+static int64_t bnb8_maxima_of(const bnb8_gpu_tensor *t) { return t->row_size > 0 ? t->rows + t->row_size : 0; }
 
 extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                                       const float code_unsigned[256], const float code_signed[256],
@@ -1576,12 +1812,16 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
     memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
-    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0, stochastic = 0;
+    int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0, four = 0, rank1 = 0;
+    int stochastic = 0;
     for (int i = 0; i < count; i++) {
         stochastic += tensors[i].rounding.on != 0;
-        if (tensors[i].eight_bit && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
+        int blocks = tensors[i].eight_bit || tensors[i].format == BNB8_STATE_4BIT;
+        if (blocks && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
         if (tensors[i].eight_bit && tensors[i].correction_bytes) flash = 2;
+        four |= bnb8_four_tensor(&tensors[i]);
+        rank1 |= tensors[i].row_size > 0;
         need_percentile |= tensors[i].percentile < 100;
         per_tensor_masters |= bnb8_per_tensor(&tensors[i]) && tensors[i].correction_bytes;
         need_trust |= (tensors[i].args.kind == BNB8_LAMB || tensors[i].args.kind == BNB8_LARS) && tensors[i].args.max_unorm > 0.0f;
@@ -1599,19 +1839,13 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
         t[i].first_chunk = chunks;
         chunks += (t[i].n + chunk - 1) / chunk;
     }
-    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks, units = 0;
-    for (int i = 0; i < count; i++) units += t[i].sum_squares ? (t[i].n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
-    if (units > c->units_capacity) {
-        cudaFree(c->units);
-        c->units = NULL;
-        c->units_capacity = 0;
-        if ((status = bnb8_cuda_status(fn, cudaMalloc(&c->units, sizeof(double) * (size_t)units)))) return status;
-        c->units_capacity = units;
-    }
-    for (int64_t i = 0, u = 0; i < count; i++) {
-        t[i].units = t[i].sum_squares ? c->units + u : NULL;
-        u += t[i].sum_squares ? (t[i].n + BNB8_SUMSQ_UNIT - 1) / BNB8_SUMSQ_UNIT : 0;
-    }
+    int64_t blocked_chunks = blocked < count ? t[blocked].first_chunk : chunks, units = 0, maxima = 0;
+    // The launch's scratch: cfg.sum_squares' units; the rank-1 tensors' new row and column maxima,
+    // zeroed before the max pass.
+    if ((status = bnb8_scratch_share(fn, t, count, &c->units, &c->units_capacity, &bnb8_gpu_tensor::units, bnb8_units_of, &units)) ||
+        (status = bnb8_scratch_share(fn, t, count, &c->rank1_max, &c->rank1_capacity, &bnb8_gpu_tensor::rank1_max,
+                                     bnb8_maxima_of, &maxima)))
+        return status;
     h->total_chunks = chunks;
     h->count = count;
     h->blocked = blocked;
@@ -1635,21 +1869,31 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
         else bnb8_norms_kernel<4><<<grid, BNB8_THREADS, 0, stream>>>(dh, dt, c->norms, 1);
     }
     int kind = tensors[0].args.kind;
-    // Flash states and corrected weights exist for AdamW, Adam, SGD and Lion only (bnb8.c checks).
+    // Flash and 4-bit states and corrected weights exist for AdamW, Adam, SGD and Lion only (bnb8.c checks).
+    if (four) flash = BNB8_FOUR_LAUNCH;
     if (flash && !bnb8_flash_form(kind))
-        return bnb8_fail(BNB8_ERR_ARG, "%s: flash states for optimizer kind %d", fn, kind);
+        return bnb8_fail(BNB8_ERR_ARG, "%s: flash or 4-bit states for optimizer kind %d", fn, kind);
+    if (four && stochastic)   // bnb8.c refuses the pair at the add; a launch never sees it
+        return bnb8_fail(BNB8_ERR_ARG, "%s: 4-bit states with stochastic rounding on the GPU", fn);
     if (stochastic) flash = BNB8_SR_LAUNCH;   // their kernels (none of their tensors has a correction)
     if (blocked > 0) status = bnb8_launch_pass<BNB8_PASS_BLOCKS>(c, kind, flash, rows, blocked_chunks, dh, dt, stream);
     if (!status && blocked < count) {
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,
                                                       sizeof(unsigned) * 3 * (size_t)(count - blocked), stream));
-        int mode = stochastic ? BNB8_SR_LAUNCH : per_tensor_masters ? 2 : 0;
+        if (!status && maxima) status = bnb8_cuda_status(fn, cudaMemsetAsync(c->rank1_max, 0, sizeof(unsigned) * (size_t)maxima, stream));
+        int mode = stochastic ? BNB8_SR_LAUNCH : rank1 ? BNB8_FOUR_LAUNCH : per_tensor_masters ? 2 : 0;
         if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) {
             bnb8_absmax_kernel<<<(count - blocked + 127) / 128, 128, 0, stream>>>(dt, blocked, count, c->tensor_max);
             status = bnb8_cuda_status(fn, cudaGetLastError());
         }
+        // Each rank-1 state's maxima become the step's, in stream order after the store pass read the old ones.
+        for (int i = blocked; !status && i < count; i++)
+            if (t[i].row_size > 0)
+                status = bnb8_cuda_status(fn, cudaMemcpyAsync(t[i].absmax[t[i].rank1_k], t[i].rank1_max,
+                                                              sizeof(float) * (size_t)(t[i].rows + t[i].row_size),
+                                                              cudaMemcpyDeviceToDevice, stream));
     }
     if (!status && units > 0) bnb8_sumsq_kernel<<<count, BNB8_THREADS, 0, stream>>>(dt);
     if (status) return status;

@@ -89,6 +89,7 @@ void tests_messages(void);
 void tests_api(void);
 void tests_llmc_adapter(void);
 void tests_round(void);
+void tests_four(void);
 
 // CRC-32 (IEEE, reflected 0xEDB88320) computed bit by bit: the tests' own, to forge or rewrite state
 // files (DESIGN.md §7) whose CRCs must still be right.

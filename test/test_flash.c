@@ -1135,7 +1135,7 @@ static void test_flash_misuse(void) {
     bad = c; bad.correction_bytes = 3; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: correction_bytes 3");
     bad = c; bad.correction_bytes = -3; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: correction_bytes -3");
     bad = c; bad.scale_dtype = (bnb8_dtype)7; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: scale_dtype 7");
-    bad = c; bad.format = (bnb8_state_format)3; MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: format 3");
+    bad = c; bad.format = (bnb8_state_format)(BNB8_STATE_FLASH4 + 1); MISUSE(bnb8_optimizer_create(&o, BNB8_ADAMW, &bad), "create: an unknown format");
     EXPECT(o == NULL, "a refused create gave an optimizer");
     float x[64] = {0}, y[64];
     uint16_t nar[64], sc[2];

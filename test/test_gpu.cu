@@ -167,12 +167,14 @@ static double optimizer_parity(bnb8_optim kind, bnb8_config cfg, bnb8_dtype pdty
                                const std::vector<int64_t> &sizes, int steps, int *equal, const char *override_name,
                                const char *per_tensor_name = NULL, int subset = 1, float p_scale = 0.1f,
                                int64_t t0_blocks = 0, float huge = 0.0f, float g_scale = 0.01f,
-                               const bnb8_config *t1 = NULL) {
+                               const bnb8_config *t1 = NULL,
+                               void (*configure)(bnb8_optimizer *opt, const bnb8_config &cfg) = NULL) {
     bnb8_optimizer *cpu = NULL, *gpu = NULL;
     if (bnb8_optimizer_create(&cpu, kind, &cfg) || bnb8_optimizer_create(&gpu, kind, &cfg)) {
         EXPECT(0, "create: %s", bnb8_last_error());
         return 1.0;
     }
+    if (configure) { configure(cpu, cfg); configure(gpu, cfg); }   // the caller's per-tensor overrides
     if (override_name) {                 // a per-tensor override: 32-bit states, twice the lr
         bnb8_config o = cfg;
         // flash: 32-bit states by the size threshold, so that narrow weights keep their correction
@@ -948,6 +950,77 @@ static void test_stochastic_parity(void) {
     }
 }
 
+// 4-bit states (DESIGN.md §5.7): block-wise 4-bit and flash4 for AdamW, Adam, SGD (momentum, nesterov)
+// and Lion on f32 weights and on bf16 / f16 weights with int8, int16 and fp32 masters, sizes 1 and odd
+// ones (the pad nibble); blocks of 64 and of 4096 (4-row chunks); "t3" 32-bit beside them. Then rank-1
+// normalization (AdamW, Adam): every tensor a matrix (1 x 1, 15 x 17, 257 x 1, 17 x 241, 1000 x 1001),
+// with t1 8-bit with one absmax per tensor and t2 block-wise 4-bit in the same launches: the two
+// passes of both kinds and the single launch at once. 100 steps: GPU equals CPU bit for bit.
+static const int64_t four_rows[5] = {1, 15, 257, 17, 1000}, four_cols[5] = {1, 17, 1, 241, 1001};
+static void four_rank1_overrides(bnb8_optimizer *opt, const bnb8_config &cfg) {
+    for (int i = 0; i < 5; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "t%d", i);
+        bnb8_config o = cfg;
+        o.row_size = four_cols[i];
+        if (i == 1) { o.format = BNB8_STATE_8BIT; o.blocksize = 0; o.row_size = 0; }
+        if (i == 2) o.row_size = 0;
+        EXPECT(bnb8_optimizer_override(opt, name, &o) == 0, "override %s: %s", name, bnb8_last_error());
+    }
+}
+static void test_four_parity(void) {
+    std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
+    typedef struct { bnb8_optim kind; int nesterov; bnb8_state_format format; bnb8_dtype pdtype, gdtype; int correction; int64_t blocksize; } four_case;
+    std::vector<four_case> cases;
+    const bnb8_optim kinds[5] = {BNB8_ADAMW, BNB8_ADAM, BNB8_SGD, BNB8_SGD, BNB8_LION};
+    for (bnb8_state_format f : {BNB8_STATE_4BIT, BNB8_STATE_FLASH4})
+        for (int k = 0; k < 5; k++) {
+            cases.push_back({kinds[k], k == 3, f, BNB8_F32, BNB8_F32, 0, 128});
+            cases.push_back({kinds[k], k == 3, f, BNB8_BF16, BNB8_BF16, 1, 128});
+        }
+    for (int cb : {0, 2, 4}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_4BIT, BNB8_F16, BNB8_BF16, cb, 128});
+    for (int cb : {0, 4}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_FLASH4, BNB8_BF16, BNB8_F32, cb, 128});
+    for (int64_t b : {64, 4096}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, b});
+    const char *corr_names[5] = {"none", "int8", "int16", "?", "fp32"};
+    for (const four_case &c : cases) {
+        bnb8_config cfg = bnb8_config_default(c.kind);
+        cfg.format = c.format;
+        cfg.blocksize = c.blocksize;
+        cfg.min_8bit_size = 0;
+        cfg.weight_decay = 0.01f;
+        cfg.nesterov = c.nesterov;
+        cfg.correction_bytes = c.correction;
+        cfg.sum_squares = 1;
+        int equal = 0;
+        double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3");
+        const char *name = flash_kind_name(c.kind, c.nesterov), *fmt = c.format == BNB8_STATE_4BIT ? "4-bit" : "flash4";
+        const char *corr = c.pdtype == BNB8_F32 ? "-" : corr_names[c.correction];
+        printf("    %-12s %-6s block %-4lld p %-4s g %-4s master %-5s: %s\n", name, fmt, (long long)c.blocksize, dtype_name(c.pdtype),
+               dtype_name(c.gdtype), corr, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "%s %s block %lld p %s g %s master %s: params differ by %g rel, states or exports %s", name, fmt,
+               (long long)c.blocksize, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, worst, equal ? "equal" : "differ");
+    }
+    std::vector<int64_t> matrices;
+    for (int i = 0; i < 5; i++) matrices.push_back(four_rows[i] * four_cols[i]);
+    for (bnb8_optim kind : {BNB8_ADAMW, BNB8_ADAM})
+        for (int d = 0; d < 2; d++) {
+            bnb8_config cfg = bnb8_config_default(kind);
+            cfg.format = BNB8_STATE_4BIT;
+            cfg.blocksize = 128;
+            cfg.min_8bit_size = 0;
+            cfg.weight_decay = 0.01f;
+            cfg.correction_bytes = d;
+            cfg.sum_squares = 1;
+            int equal = 0;
+            double worst = optimizer_parity(kind, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, matrices, steps(100),
+                                            &equal, NULL, NULL, 1, 0.1f, 0, 0.0f, 0.01f, NULL, four_rank1_overrides);
+            printf("    %-12s 4-bit rank-1, 8-bit one absmax and 4-bit blocks beside, p %s: %s\n", optimizer_names[kind],
+                   d ? "bf16 + int8" : "f32", worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+            EXPECT(worst == 0.0 && equal, "%s rank-1 p %s: params differ by %g rel, states or exports %s", optimizer_names[kind],
+                   d ? "bf16" : "f32", worst, equal ? "equal" : "differ");
+        }
+}
+
 static void test_shard_parity(void) {
     struct { bnb8_optim kind; int format; int64_t blocksize; bnb8_dtype pdt; int correction; } cases[] = {
         {BNB8_ADAMW, BNB8_STATE_FLASH, 256, BNB8_BF16, 1},    // the fast path
@@ -1003,5 +1076,6 @@ int main(void) {
     test_run("shards: N = 1, 2, 4, 8 shards in one GPU launch equal the CPU's shards and whole tensor", test_shard_parity);
     test_run("stochastic rounding: 100 steps, GPU equals CPU for every optimizer x format x bf16/fp16, mixed launches, shards",
              test_stochastic_parity);
+    test_run("4-bit states: 100 steps, GPU equals CPU for 4-bit, flash4 and rank-1 states x weights x masters", test_four_parity);
     return test_summary();
 }

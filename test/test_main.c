@@ -21,5 +21,6 @@ int main(void) {
     tests_api();
     tests_llmc_adapter();
     tests_round();
+    tests_four();
     return test_summary();
 }

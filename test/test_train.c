@@ -323,7 +323,8 @@ static void tiny_args(TrainArgs *a, const char *recipe, const char *optimizer, i
 // Persistent bytes of a recipe on the CPU by the formats (DESIGN.md §8.6), tensor by tensor: fp32
 // weights and gradients where the master is fp32 (they are one), else bf16 weights + an int8
 // correction (none under stochastic rounding) + bf16 gradients; per state 4 bytes an element (32-bit states, and every tensor under
-// 4096 elements), 8-bit codes + an fp32 absmax per 256, or flash codes + a bf16 scale per 32.
+// 4096 elements), 8-bit codes + an fp32 absmax per 256, flash codes + a bf16 scale per 32, or 4-bit
+// codes (half a byte) + an fp32 absmax per 128.
 static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
     int r = find_recipe(recipe);
     int wide = recipes[r].correction_bytes == 4, master = wide ? 0 : recipes[r].correction_bytes > 0 ? recipes[r].correction_bytes : 0;
@@ -338,6 +339,7 @@ static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
         m.correction += master * n;
         double per_state = sizes[i] < 4096 || recipes[r].states == BNB8_STATE_32BIT ? 4 * n
                          : recipes[r].states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
+                         : recipes[r].states == BNB8_STATE_4BIT ? (double)((sizes[i] + 1) / 2) + 4.0 * (double)((sizes[i] + 127) / 128)
                          : n + 2.0 * (double)((sizes[i] + 31) / 32);
         m.states += 2 * per_state;   // AdamW: m and v
     }
@@ -345,9 +347,9 @@ static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
 }
 
 static void test_training(void) {
-    const char *rec[5] = {"fp32", "8bit", "flash", "8bit-int8", "8bit-sr"};
-    float val[5] = {0, 0, 0, 0, 0};
-    for (int k = 0; k < 5; k++) {
+    const char *rec[6] = {"fp32", "8bit", "flash", "8bit-int8", "8bit-sr", "4bit-int8"};
+    float val[6] = {0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < 6; k++) {
         TrainArgs a;
         tiny_args(&a, rec[k], "adamw", 50);
         float losses[50];
@@ -380,7 +382,7 @@ static void test_training(void) {
         if (tverbose) printf("    %s: weights %.3f + master %.3f + gradients %.3f + states %.3f = %.3f bytes/param\n", rec[k],
                              got.weights / P, got.correction / P, got.gradients / P, got.states / P, bpp);
     }
-    for (int k = 1; k < 5; k++) {
+    for (int k = 1; k < 6; k++) {
         double gap = (val[k] - val[0]) / val[0];
         EXPECT(fabs(gap) <= 0.02, "%s val loss %.5f vs fp32 %.5f: gap %.2f%%", rec[k], (double)val[k], (double)val[0], 100 * gap);
         printf("    %-9s vs fp32 after 50 steps: val loss %.5f vs %.5f, gap %+.3f%%\n", rec[k], (double)val[k], (double)val[0],
@@ -619,9 +621,9 @@ static void test_zero_lr(void) {
 }
 
 static void test_checkpoint_sizes(void) {
-    const char *rec[5] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr"};
-    const double target[5] = {12.0, 6.03125, 5.03125, 5.125, 4.03125};
-    for (int k = 0; k < 5; k++) {
+    const char *rec[6] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr", "4bit-int8"};
+    const double target[6] = {12.0, 6.03125, 5.03125, 5.125, 4.03125, 4.0625};
+    for (int k = 0; k < 6; k++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, "%s/sizes_%s", tdir, rec[k]);
         TrainArgs a;
@@ -643,6 +645,7 @@ static void test_checkpoint_sizes(void) {
             double n = (double)sizes[i], weights = fp32 ? 4 * n : sr ? 2 * n : 2 * n + n;
             double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
                              : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
+                             : rp->states == BNB8_STATE_4BIT ? (double)((sizes[i] + 1) / 2) + 4.0 * (double)((sizes[i] + 127) / 128)
                              : n + 2.0 * (double)((sizes[i] + 31) / 32);
             double payload = weights + 2 * per_state;
             if (i == GPT2_WTE) wte_payload = payload;
@@ -736,6 +739,8 @@ static void test_resume(void) {
     resume_case("8bit-int8", "lion", 1, 0, -1);
     resume_case("8bit-sr", "adamw", 0, 0, -1);   // the rounding's seed travels in the optimizer file
     resume_case("8bit-sr", "sgd", 1, 0, -1);
+    resume_case("4bit-int8", "adamw", 0, 1, -1);
+    resume_case("4bit-int8", "lion", 1, 0, -1);
     resume_case("flash", "adamw", 0, 0, CLIP_PREV);   // the previous norm travels in the trainer state
     resume_case("8bit", "adamw", 1, 0, CLIP_PREV);
     resume_case("flash", "adamw", 0, 0, CLIP_EST);     // the est rule's profile travels in the trainer state
@@ -1704,10 +1709,10 @@ void tests_train(void) {
     test_run("train: gradients vs finite differences of a double forward", test_gradients);
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
-    test_run("train: 50 steps lower the loss; 8bit, flash, 8bit-int8, 8bit-sr within 2% of fp32; bytes per parameter", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8, 8bit-sr; adamw, lion, sgd; the version 1 layout)",
+    test_run("train: 50 steps lower the loss; 8bit, flash, 8bit-int8, 8bit-sr, 4bit-int8 within 2% of fp32; bytes per parameter", test_training);
+    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8, 8bit-sr, 4bit-int8; adamw, lion, sgd; the version 1 layout)",
              test_resume);
-    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125, 8bit-sr 4.03 bytes/param",
+    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125, 8bit-sr 4.03, 4bit-int8 4.0625 bytes/param",
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
     test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);

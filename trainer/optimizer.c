@@ -16,7 +16,8 @@ optimizer file when resuming. Shared by both device rows, which differ only in w
 // the weights (bf16 + master for bf16 weights) from the fp32 weights of t->model. Biases and
 // layernorm parameters get weight decay 0 (per-name overrides); with StableEmbedding wte keeps
 // 32-bit states, as bitsandbytes' StableEmbedding asks; a release slice takes its whole tensor's
-// state format.
+// state format. 4-bit states: blocks of Li et al.'s 128 for every state (their rank-1 normalization
+// of v trained worse here: DESIGN.md §5.7).
 static int optimizer_build(Trainer *t) {
     const GPT2 *m = &t->model;
     const Recipe *r = t->recipe;
@@ -27,6 +28,7 @@ static int optimizer_build(Trainer *t) {
     cfg.format = r->states;
     if (r->states == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = t->a.blocksize; }
     if (r->states == BNB8_STATE_FLASH) cfg.scale_dtype = scale_dtypes[t->scale].dtype;
+    if (r->states == BNB8_STATE_4BIT) cfg.blocksize = BNB8_BLOCKSIZE_4BIT;
     cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
     cfg.seed = t->a.seed;                           // stochastic rounding's (a resume takes the file's)
     cfg.sum_squares = t->rule == CLIP_PREV;         // the norm the next step clips with

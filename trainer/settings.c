@@ -21,6 +21,7 @@ const Recipe recipes[] = {
     {"8bit-int8", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 1, "8-bit block-wise states, int8 correction"},
     {"8bit-sr", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, BNB8_CORRECTION_STOCHASTIC,
      "8-bit block-wise states, no master: stochastic rounding"},
+    {"4bit-int8", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, "4-bit states (Li et al.'s maps, blocks of 128), int8 correction"},
 };
 const int num_recipes = (int)(sizeof recipes / sizeof recipes[0]);
 
@@ -102,7 +103,7 @@ void usage(FILE *f) {
         "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
         "              with its master, and the states) + the trainer state, their bytes per parameter by recipe in\n"
         "              doc/trainer.md; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
-        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash | 8bit-sr (doc/trainer.md)  (default %s)\n"
+        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash | 8bit-sr | 4bit-int8 (doc/trainer.md)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
         "  -M <name>   8bit, 8bit-int8, 8bit-sr: the states' map, dynamic | linear (ablation)  (default dynamic)\n"
         "  -K <int>    8bit, 8bit-int8, 8bit-sr: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
