@@ -467,7 +467,9 @@ static int64_t lib4_compare(bnb8_optimizer *opt, const ref4 *r, const void *weig
     const uint8_t *d = f + at;
     for (int k = 0; k < r->nstates; k++) {        // the scales of each state
         for (int64_t j = 0; j < ref_nscales(r, k) && mism < 5; j++) {
-            float v = r->c.format == BNB8_STATE_FLASH4 ? bnb8_scale_load(d, r->c.scale_dtype, j) : 0.0f;
+            float held = 0.0f, v = 0.0f;   // the file's bytes lie unaligned: the scale copied out first
+            memcpy(&held, d + ssize * (size_t)j, (size_t)ssize);
+            if (r->c.format == BNB8_STATE_FLASH4) v = bnb8_scale_load(&held, r->c.scale_dtype, 0);
             if (r->c.format != BNB8_STATE_FLASH4) memcpy(&v, d + 4 * j, 4);
             int ok = memcmp(&v, &r->scale[k][j], 4) == 0;
             mism += !ok;
