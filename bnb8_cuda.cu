@@ -1873,8 +1873,6 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     if (four) flash = BNB8_FOUR_LAUNCH;
     if (flash && !bnb8_flash_form(kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: flash or 4-bit states for optimizer kind %d", fn, kind);
-    if (four && stochastic)   // bnb8.c refuses the pair at the add; a launch never sees it
-        return bnb8_fail(BNB8_ERR_ARG, "%s: 4-bit states with stochastic rounding on the GPU", fn);
     if (stochastic) flash = BNB8_SR_LAUNCH;   // their kernels (none of their tensors has a correction)
     if (blocked > 0) status = bnb8_launch_pass<BNB8_PASS_BLOCKS>(c, kind, flash, rows, blocked_chunks, dh, dt, stream);
     if (!status && blocked < count) {
