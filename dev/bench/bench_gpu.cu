@@ -3,6 +3,10 @@ bench_gpu.cu — `make bench`: times bnb8's kernels on the GPU against the copy 
 the same run (DESIGN.md §10). CUDA events, 3 warm-ups, median of 20, buffers far larger than L2, random
 data made on the GPU (never zeros). Prints ms per 1e9 elements, GB/s and % of copy bandwidth.
 `bench_gpu NAME` runs the benchmarks whose name holds NAME; `bench_gpu order` the walk-order study.
+AdamW rows, each on one tensor and on GPT-2 XL's 580 tensors: 8-bit and 32-bit on fp32 weights and
+gradients; on bf16 weights and gradients every recipe of the trainer (its fp32 and 8bit: an fp32
+master; 8bit-int8 and flash: an int8 correction; 8bit-sr and 4bit-int8, which the rows name), 4-bit
+states with stochastic rounding (4bit-sr) and flash4 (companded 4-bit states, int8 correction).
 */
 #define BNB8_INTERNAL             // bnb8_store, to fill the benchmark tensors
 #include "bnb8.h"
@@ -129,7 +133,8 @@ static std::vector<int64_t> gpt2_xl_sizes(void) {
 }
 
 // One AdamW row: its state format, weight and gradient dtypes, the weights' correction (flash, narrow
-// weights), and the bytes per element that DESIGN.md §10 counts for it.
+// weights; BNB8_CORRECTION_STOCHASTIC: none, stochastic rounding), the bytes per element that
+// DESIGN.md §10 counts for it, and its block size (0: the configuration's default, 256).
 typedef struct {
     const char *what;
     bnb8_state_format format;
@@ -137,12 +142,15 @@ typedef struct {
     int correction_bytes;
     double bytes_per_element;
     const char *target;
+    int64_t blocksize = 0;
 } optimizer_row;
 
 static void bench_optimizer(const optimizer_row &row, const std::vector<int64_t> &sizes, const char *layout) {
     bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
     cfg.format = row.format;
     cfg.correction_bytes = row.correction_bytes;
+    if (row.blocksize) cfg.blocksize = row.blocksize;
+    cfg.seed = 1337;                             // the trainer's default -d; read by stochastic rounding only
     bnb8_optimizer *opt;
     BNB8_CHECK(bnb8_optimizer_create(&opt, BNB8_ADAMW, &cfg));
     int64_t total = 0;
@@ -154,15 +162,16 @@ static void bench_optimizer(const optimizer_row &row, const std::vector<int64_t>
     fill_random(p, row.param_dtype, total, 0.02f);
     fill_random(g, row.grad_dtype, total, 0.001f);
     int64_t offset = 0;
-    for (size_t i = 0; i < sizes.size(); i++) {
+    bool added = true;
+    for (size_t i = 0; i < sizes.size() && added; i++) {
         char name[32];
         snprintf(name, sizeof name, "t%zu", i);
-        BNB8_CHECK(bnb8_optimizer_add(opt, name, p + offset * ps, row.param_dtype, g + offset * gs, row.grad_dtype, sizes[i], NULL));
+        added = bnb8_optimizer_add(opt, name, p + offset * ps, row.param_dtype, g + offset * gs, row.grad_dtype, sizes[i], NULL) == 0;
         offset += sizes[i];
     }
-    // One untimed step: a configuration this build cannot step gets a row saying so, and the
-    // rows after it (and `make bench`'s peers) still run.
-    if (bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0) {
+    // One untimed step: a configuration this build refuses to add or cannot step gets a row saying
+    // so with the library's message, and the rows after it (and `make bench`'s peers) still run.
+    if (added && bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == 0) {
         double ms = time_ms([&] { BNB8_CHECK(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL)); });
         report(row.what, layout, ms, total, row.bytes_per_element, row.target);
     } else {
@@ -334,6 +343,19 @@ int main(int argc, char **argv) {
         {"AdamW 8-bit, bf16 + int8 ECC + bf16 grads", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 1, 12.0625, "-"},
         {"AdamW 8-bit, bf16 + fp32 master + bf16 grads", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 4, 18.0625, "-"},
         {"AdamW 32-bit, bf16 + fp32 master + bf16 grads", BNB8_STATE_32BIT, BNB8_BF16, BNB8_BF16, 4, 30.0, "-"},
+        // no master, bf16 p rounded stochastically r/w 4, bf16 g 2; 8-bit m and v r/w 4 + absmax 2 x 8 / 256
+        {"AdamW 8bit-sr: 8-bit, bf16 SR + bf16 grads", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16,
+         BNB8_CORRECTION_STOCHASTIC, 10.0625, "-"},
+        // 4-bit states in blocks of 128: m and v half a byte each r/w 2 + an fp32 absmax per block and
+        // state r/w 2 x 8 / 128; with bf16 p r/w 4 and an int8 correction r/w 2, or p rounded
+        // stochastically (no master); bf16 g 2
+        {"AdamW 4bit-int8: 4-bit/128, bf16 + int8 ECC + bf16 grads", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1,
+         10.125, "-", BNB8_BLOCKSIZE_4BIT},
+        {"AdamW 4bit-sr: 4-bit/128, bf16 SR + bf16 grads", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16,
+         BNB8_CORRECTION_STOCHASTIC, 8.125, "-", BNB8_BLOCKSIZE_4BIT},
+        // flash4: bf16 p r/w 4 + int8 correction r/w 2 + bf16 g 2 + companded 4-bit m and v r/w 2 +
+        // e6m10 scales per 32 and state r/w 2 x 4 / 32
+        {"AdamW flash4: bf16 + int8 ECC + bf16 grads", BNB8_STATE_FLASH4, BNB8_BF16, BNB8_BF16, 1, 10.25, "-"},
     };
     for (const optimizer_row &row : rows) {
         if (!wanted(row.what)) continue;
