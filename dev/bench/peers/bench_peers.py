@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Peer benchmark for bnb8 (DESIGN.md §10): times the optimizers and block-wise
-quantization of PyTorch, bitsandbytes and FlashOptim on the device GPU.
+quantization of PyTorch, bitsandbytes, FlashOptim and torchao on the device GPU.
 
 Runs on the device with the carried, unpacked wheels on PYTHONPATH:
 
@@ -8,14 +8,17 @@ Runs on the device with the carried, unpacked wheels on PYTHONPATH:
 
 Method: CUDA events around each repetition, 5 warm-up calls, median of >= 20
 repetitions, buffers far larger than the 50 MB L2, random data (never zeros),
+the first step (lazy states, torch.compile, autotuning) timed apart and given in
+the row's note,
 and the device-to-device copy bandwidth of a 2 GiB buffer (bytes read + written)
 measured in the same run.  Reports ms per 1e9 parameters, GB/s (bytes per element
 as DESIGN.md §10 counts them) and % of the copy bandwidth.  Each peer runs in
 try/except: a failure prints "peer X: not run (reason)" and the script goes on.
 If the environment variable OUT is set, the rows are also written to $OUT/peers.csv.
+PEERS="torchao flash" times only those groups (torch, bnb, flash, torchao; default all).
 
 Uses only the standard library, torch, and the carried packages (bitsandbytes,
-flashoptim).  Peers' code is never committed: see README.md beside this file.
+flashoptim, torchao).  Peers' code is never committed: see README.md beside this file.
 """
 
 import csv
@@ -57,6 +60,9 @@ BPE_8BIT = 16.0    # fp32 p r/w 8 + g 4 + m r/w 2 + v r/w 2
 BPE_32BIT = 28.0   # fp32 p r/w 8 + g 4 + m r/w 8 + v r/w 8
 BPE_FLASH = 12.25  # bf16 p r/w 4 + bf16 g 2 + ecc r/w 2 + m r/w 2 + v r/w 2 + scales 0.25
 BPE_QUANT = 5.0    # fp32 in 4 + u8 out 1 (or the reverse)
+# torchao, bf16 p and g, no master: bf16 p r/w 4 + g 2, m and v codes r/w, an fp32 scale per block and state r/w
+BPE_AO_8BIT = 10.0625  # codes r/w 4 + scales 2 x 8 / 256 (blocks of 256)
+BPE_AO_4BIT = 8.125    # 4-bit codes r/w 2 + scales 2 x 8 / 128 (blocks of 128)
 
 
 def gpt2xl_shapes():
@@ -184,6 +190,16 @@ def make_params(shapes, dtype):
     return params
 
 
+def first_step_s(opt):
+    """Wall seconds of an optimizer's first step: its states made, and its compile (torch.compile)
+    or autotuning where it has one; the timed steps come after it."""
+    torch.cuda.synchronize()
+    t0 = time.time()
+    opt.step()
+    torch.cuda.synchronize()
+    return time.time() - t0
+
+
 def opt_case(name, layout, dtype, ctor, bpe, note_fn=None):
     """One optimizer on one layout; everything it allocates is freed on return."""
     shapes = LAYOUTS[layout]
@@ -193,8 +209,10 @@ def opt_case(name, layout, dtype, ctor, bpe, note_fn=None):
         torch.cuda.reset_peak_memory_stats()
         params = make_params(shapes, dtype)
         opt = ctor(params)
+        first_s = first_step_s(opt)
         ms, ms_min, reps = time_cuda(opt.step, OPT_TARGET_S, OPT_MAX_REPS)
         note = note_fn(opt, params) if note_fn else ""  # after the steps: states are made lazily
+        note = (note + " " if note else "") + f"first step {first_s:.1f} s"
         finite = all(bool(torch.isfinite(params[i]).all()) for i in (0, len(params) // 2, len(params) - 1))
         peak = torch.cuda.max_memory_allocated() / 2**30
         note = (note + " " if note else "") + f"peak {peak:.1f} GiB" + ("" if finite else " NON-FINITE PARAMS")
@@ -307,6 +325,42 @@ def run_flash():
         opt_case(name, layout, torch.bfloat16, lambda ps: FlashAdamW(ps, **cfg), BPE_FLASH, note_fn)
 
 
+def run_torchao():
+    """torchao's low-bit AdamW (torchao.optim: Python tensor subclasses, each parameter's step one
+    torch.compile'd function) on bf16 params and grads, no master weights: AdamW8bit (blocks of 256)
+    and AdamW4bit (blocks of 128) with bf16_stochastic_round=True (bnb8's 8bit-sr and 4bit-sr), and
+    AdamW4bit as it comes (rounded to nearest). A compile failure is the step's exception: the case
+    prints "not run" with it and the script goes on."""
+    names = ("torchao AdamW8bit SR", "torchao AdamW4bit SR", "torchao AdamW4bit")
+    # The optimizers are Python and torch.compile; the wheel's C++ extensions (other kernels, built
+    # against PyPI's CUDA) are not needed, so torchao is told not to load them.
+    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    try:
+        import torchao
+        from torchao.optim import AdamW4bit, AdamW8bit
+        log(f"torchao {getattr(torchao, '__version__', '?')} from {os.path.dirname(torchao.__file__)}")
+    except Exception as e:  # noqa: BLE001
+        for name in names:
+            for layout in LAYOUTS:
+                not_run(name, layout, f"import torchao failed: {type(e).__name__}: {e}")
+        return
+    hp = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+    cases = (
+        (names[0], AdamW8bit, dict(bf16_stochastic_round=True), BPE_AO_8BIT),
+        (names[1], AdamW4bit, dict(bf16_stochastic_round=True), BPE_AO_4BIT),
+        (names[2], AdamW4bit, {}, BPE_AO_4BIT),
+    )
+    for name, cls, extra, bpe in cases:
+        cfg = dict(hp, **extra)
+        log(f"torchao.optim.{cls.__name__}, bf16 params + bf16 grads, default block size, config: "
+            + ", ".join(f"{k}={v}" for k, v in cfg.items()))
+        for layout in LAYOUTS:
+            opt_case(name, layout, torch.bfloat16, lambda ps, cls=cls, cfg=cfg: cls(ps, **cfg), bpe)
+
+
+PEER_GROUPS = {"torch": run_torch_fused, "bnb": run_bnb, "flash": run_flash, "torchao": run_torchao}
+
+
 # ----------------------------------------------------------------------------- main
 
 def fmt(v, f):
@@ -333,7 +387,12 @@ def main():
     c0 = bench_copy("start")
     free()
 
-    for fn in (run_torch_fused, run_bnb, run_flash):
+    # PEERS="torchao flash" runs those groups only (names as in PEER_GROUPS); the copy runs always
+    wanted = os.environ.get("PEERS", "").replace(",", " ").split() or list(PEER_GROUPS)
+    for group in wanted:
+        if group not in PEER_GROUPS:
+            log(f"PEERS: unknown group '{group}' (known: {', '.join(PEER_GROUPS)})")
+    for fn in (fn for group, fn in PEER_GROUPS.items() if group in wanted):
         t0 = time.time()
         try:
             fn()
