@@ -250,7 +250,7 @@ test-gpt2-gpu: info $(BUILD)/test_gpt2_cuda $(BUILD)/test_train_gpu
 	./$(BUILD)/test_train_gpu
 
 # bnb8's kernels, then the peers in the same call when PyTorch is there (bitsandbytes and
-# flashoptim from .whl/site when carried: dev/bench/peers/README.md).
+# flashoptim and torchao from .whl/site when carried: dev/bench/peers/README.md).
 bench: info $(BUILD)/bench_gpu
 	./$(BUILD)/bench_gpu
 	@if python3 -c "import torch" 2>/dev/null; then \
