@@ -249,7 +249,7 @@ test-gpt2-gpu: info $(BUILD)/test_gpt2_cuda $(BUILD)/test_train_gpu
 	./$(BUILD)/test_gpt2_cuda
 	./$(BUILD)/test_train_gpu
 
-# bnb8's kernels, then the peers in the same call when PyTorch is there (bitsandbytes and
+# bnb8's kernels, then the peers in the same call when PyTorch is there (bitsandbytes,
 # flashoptim and torchao from .whl/site when carried: dev/bench/peers/README.md).
 bench: info $(BUILD)/bench_gpu
 	./$(BUILD)/bench_gpu
