@@ -14,6 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 : "${EXP_TWINS:=flash}"                        # recipes whose release run gets a -g 0 twin without release
                                                # (only while EXP_RELEASE_CLIP is 0)
 : "${EXP_RUN_EST:=110}"                        # seconds a d12 run takes (EXP_END_AT: whether it still fits)
+: "${EXP_RUN_EST_D24:=$((EXP_RUN_EST * 3))}"   # seconds a d24 run takes
 : "${EXP_END_AT:=}"                            # epoch seconds: start no run that would end later, and
                                                # stop the trainer there (run_all.sh sets it)
 : "${EXP_QUEUE:=}"                             # a file: run and same only add their line to it (run_all.sh)
@@ -102,13 +103,18 @@ run() {
         if [[ $f == -? ]] && ! grep -q -- "^  $f <" <<< "$usage"; then missing+=("$f"); fi
     done
     if [ ${#missing[@]} -gt 0 ]; then skip "$log" "this trainer does not accept ${missing[*]} ($TRAINER -h)"; return 0; fi
+    # A recipe it does not know, likewise: the trainer prints its help only if every flag before -h parses.
+    f=$(get -r "${cmd[@]:1}")
+    if [ -n "$f" ] && ! "$TRAINER" -r "$f" -h > /dev/null 2>&1; then
+        skip "$log" "this trainer has no recipe $f ($TRAINER -h)"; return 0
+    fi
     if [ "$(get -R "${cmd[@]:1}")" = 1 ] && [ "$EXP_DEVICE" = cpu ]; then
         skip "$log" "gradient release (-R 1) is GPU-only; the trainer refuses it on the CPU"; return 0
     fi
 
     # EXP_END_AT: a run that would not finish in time is left for the next start (its old log stays).
     local est=$EXP_RUN_EST limit=()
-    case $(get -e "${cmd[@]:1}") in d24*) est=$((EXP_RUN_EST * 3)) ;; esac
+    case $(get -e "${cmd[@]:1}") in d24*) est=$EXP_RUN_EST_D24 ;; esac
     if [ -n "$EXP_END_AT" ]; then
         if [ $(($(date +%s) + est)) -gt "$EXP_END_AT" ]; then
             echo "$study/$name: not started, ~${est} s would pass EXP_END_AT (the next start makes it)"; return 0
@@ -154,12 +160,20 @@ same() {
     echo "$1/$2: copied from $3/$4"
 }
 
-# plot STUDY NAME TITLE RUN...: train and val loss of these runs in $EXP_OUT/plots/STUDY_NAME.png
+# plot STUDY NAME TITLE RUN...: train and val loss of these runs in $EXP_OUT/plots/STUDY_NAME.png; a
+# RUN of another study is named OTHER_STUDY/RUN (a reference made there). Nothing while the runs are
+# only listed (EXP_QUEUE).
 plot() {
     local study=$1 name=$2 title=$3 r logs=()
     shift 3
+    [ -z "$EXP_QUEUE" ] || return 0
     command -v gnuplot > /dev/null || { echo "plot $study/$name: no gnuplot (apt-get install -y gnuplot-nox)"; return 0; }
-    for r in "$@"; do logs+=("$EXP_OUT/logs/$study/$r.log"); done
+    local own=0
+    for r in "$@"; do
+        if [[ $r == */* ]]; then logs+=("$EXP_OUT/logs/$r.log"); else logs+=("$EXP_OUT/logs/$study/$r.log"); fi
+        [[ $r == */* ]] || [ ! -f "${logs[-1]}" ] || own=1
+    done
+    [ $own = 1 ] || { echo "plot $study/$name: none of its own runs has a log yet"; return 0; }
     mkdir -p "$EXP_OUT/plots"
     python3 dev/experiments/plot.py "$EXP_OUT/plots/${study}_$name.png" "$title" "${logs[@]}" ||
         echo "plot $study/$name failed"

@@ -7,7 +7,7 @@
 # the study scripts' plot lists name the runs of dev/results/studies.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-for s in study1_recipes study3_seeds study2_ablations study4_scale; do EXP_PLOT_ONLY=1 bash "dev/experiments/$s.sh"; done
+for s in study1_recipes study3_seeds study2_ablations study4_scale study5_lean; do EXP_PLOT_ONLY=1 bash "dev/experiments/$s.sh"; done
 python3 dev/experiments/results.py dev/results/studies --readme
 python3 dev/experiments/results.py dev/results/studies_h200_b8t64
 python3 dev/experiments/results.py dev/results/studies_cpu_pilot

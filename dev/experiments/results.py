@@ -89,6 +89,14 @@ def plot_order(png):
     return order(dict(name=part + '_'))[:2]
 
 
+def lean_plot_order(png):
+    """Study 5's plots: by model (d12 before d24), then recipes, release, ablations."""
+    part = os.path.basename(png)[:-4][len('study5_lean_'):]
+    model, _, what = part.partition('-')
+    m = re.match(r'd(\d+)', model)
+    return (int(m[1]) if m else 0, model, ['', 'release', 'ablations'].index(what) if what in ('', 'release', 'ablations') else 3)
+
+
 def runs_of(study):
     return sorted((parse(p) for p in glob.glob(os.path.join(OUT, 'logs', study, '*.log'))), key=order)
 
@@ -210,10 +218,145 @@ def study3(md):
                   f'spread (max - min) **{spread:.4f}**, sample standard deviation {std:.4f}.\n')
 
 
+def fp32_seeds():
+    """{(model, shape, lr): {seed: run}}: fp32 AdamW without release over the seeds of studies 3 and 4,
+    the reference of study 5's runs of the same model, shape and peak learning rate."""
+    out = {}
+    for study in ('study3_seeds', 'study4_scale'):
+        for r in seed_runs(study):
+            if r['recipe'] == 'fp32' and math.isfinite(r['final_val']):
+                out.setdefault((r['model'], r['shape'], r['lr']), {})[seed(r)] = r
+    return out
+
+
+def done(r):
+    """A run to compare: complete, with a final val loss."""
+    return ran(r) and r['complete']
+
+
+def against_fp32(r, seeds):
+    """Study 5's columns of a run against its fp32 seeds: vs the same seed's run, vs the seeds' mean,
+    within tolerance (the larger of the seeds' spread and 1% of the same seed's run)."""
+    group = seeds.get((r['model'], r['shape'], r['lr']), {})
+    base = group.get(seed(r))
+    if not done(r) or not base or r is base:
+        return ['—', '—', '—']
+    b, x = base['final_val'], r['final_val']
+    vals = [g['final_val'] for g in group.values()]
+    spread = max(vals) - min(vals) if len(vals) >= 2 else 0.0
+    tol = max(spread, 0.01 * b)
+    mean = statistics.mean(vals)
+    within = (f'yes (≤ {tol:.4f})' if abs(x - b) <= tol else f'**no** (> {tol:.4f})') \
+        if math.isfinite(x) else '**no** (non-finite)'
+    return [f'{100 * (x - b) / b:+.2f}%', f'{100 * (x - mean) / mean:+.2f}% ({len(vals)} seeds)', within]
+
+
+# Study 5's ablations: run NAME_<suffix> is run NAME (its recipe) with the flags that make the ablation.
+ABLATIONS = {'zeromap': "v's map with zero in it", 'norank1': 'no rank-1 normalization of v',
+             'nearest': 'nearest rounding without a master'}
+
+
+def cmd_flags(r):
+    """{flag: value} of a run's trainer command, every flag (the last of each, as the trainer)."""
+    words = [w for w in r['header'].get('cmd', '').split() if '=' not in w][1:]
+    return dict(zip(words[0::2], words[1::2]))
+
+
+def changed(r, base):
+    """The flags of r's command that its recipe's run does not have with the same value."""
+    a, b = cmd_flags(r), cmd_flags(base)
+    return ' '.join(f'{k} {v}' for k, v in a.items() if b.get(k) != v) or 'none'
+
+
+def lean_rows(study):
+    """Study 5's runs: (name, its log's parse or None for a run the script lists without a log), the
+    listed runs first in the script's order, then any other log there."""
+    runs = {r['name']: r for r in runs_of(study)}
+    names = [name for s, name, _ in queued() or [] if s == study]
+    return [(n, runs.get(n)) for n in names] + [(n, r) for n, r in sorted(runs.items()) if n not in names]
+
+
+def absent(first, n):
+    """A table row of n columns for a listed run that has no log yet, its first columns given."""
+    return first + ['—'] * (n - len(first) - 1) + ['missing: no log yet']
+
+
+def what_run(name, r, flags):
+    """Model, recipe and release of a run: from its log, else (no log, or a skipped run's) from the
+    flags the study script lists it with."""
+    if r is not None and r['model']:
+        return r['model'], r['recipe'] or '—', 'yes' if released(r) else 'no'
+    return flags.get('-e', name.split('_')[0]), flags.get('-r', '—'), 'yes' if flags.get('-R', '0') != '0' else 'no'
+
+
+def study5(md, study='study5_lean'):
+    seeds = fp32_seeds()
+    listed = {name: dict(zip(fl[0::2], fl[1::2])) for s, name, fl in queued() or [] if s == study}
+    runs = lean_rows(study)
+    md.append('AdamW. Final val loss against fp32 with the same model, batch, schedule and seed (1337): study 3\'s '
+              'runs at d12, study 4\'s at d24, whose seeds also give the mean and the tolerance: the larger of their '
+              'spread (max - min) and 1% of the seed-1337 run\'s final val loss. A release run (`-R 1`) is compared '
+              'with fp32 without release; it clips with the trainer\'s rule under release (`-N`, on its log\'s optim '
+              'line). A run the study script lists without a log yet is named as missing.\n')
+    for (model, shape, lr), group in sorted(seeds.items()):
+        vals = [g['final_val'] for g in group.values()]
+        if len(vals) >= 2:
+            md.append(f'- fp32 {model} ({shape}, peak lr {lr}), seeds {", ".join(sorted(group))}: mean '
+                      f'{statistics.mean(vals):.4f}, spread **{max(vals) - min(vals):.4f}**.')
+    md.append('')
+    lean_recipes(md, [(n, r) for n, r in runs if n.rpartition('_')[2] not in ABLATIONS], listed, seeds)
+    md.append('The ablations: each beside the run of its recipe (the same name without the last part); '
+              '"changed" is what its trainer command has that the recipe\'s does not.\n')
+    lean_ablations(md, runs, listed, seeds)
+
+
+def lean_recipes(md, runs, listed, seeds):
+    head = ['run', 'model', 'recipe', 'release', 'final val loss', 'vs fp32', 'vs fp32 seed mean', 'within tolerance',
+            'tokens/s', 'persistent bytes/param', 'device memory (measured)', 'GPU, date, commit', 'status']
+    rows, ok, compared = [], 0, 0
+    for name, r in runs:
+        first = [f'`{name}`', *what_run(name, r, listed.get(name, {}))]
+        if r is None:
+            rows.append(absent(first, len(head)))
+            continue
+        vs = against_fp32(r, seeds)
+        compared += vs[2] != '—'
+        ok += vs[2].startswith('yes')
+        rows.append(first + [f4(r['final_val'])] + vs + [speed(r), bytes_per_param(r), memory(r), where(r), status(r)])
+    md.append(table(head, rows))
+    if compared:
+        md.append(f'\nWithin tolerance: {ok} of the {compared} runs compared.\n')
+
+
+def lean_ablations(md, runs, listed, seeds):
+    head = ['run', 'ablation', 'recipe', 'changed', 'final val loss', 'vs its recipe', 'vs fp32', 'within tolerance',
+            'worst val rise', 'worst spike', 'skipped steps', 'tokens/s', 'persistent bytes/param',
+            'device memory (measured)', 'GPU, date, commit', 'status']
+    rows, by_name = [], dict(runs)
+    for name, r in runs:
+        base_name, _, what = name.rpartition('_')
+        if what not in ABLATIONS:
+            continue
+        first = [f'`{name}`', ABLATIONS[what], what_run(name, r, listed.get(name, {}))[1]]
+        if r is None:
+            rows.append(absent(first, len(head)))
+            continue
+        base = by_name.get(base_name)
+        base = base if base is not None and done(base) else None
+        rel = f"{100 * (r['final_val'] - base['final_val']) / base['final_val']:+.2f}%" if done(r) and base else '—'
+        vs, has = against_fp32(r, seeds), ran(r)
+        rows.append(first + [changed(r, base) if base else '—', f4(r['final_val']), rel, vs[0], vs[2],
+                             f4(worst_val_rise(r) if has else None), f4(worst_spike(r) if has else None),
+                             r['skipped_steps'] if has else '—', speed(r), bytes_per_param(r), memory(r), where(r),
+                             status(r)])
+    md.append(table(head, rows))
+
+
 STUDIES = [('study1_recipes', 'Study 1: recipes', study1),
            ('study2_ablations', 'Study 2: the paper\'s ablations', study2),
            ('study3_seeds', 'Study 3: seed noise', study3),
-           ('study4_scale', 'Study 4: one more size', lambda md: study1(md, 'study4_scale', 'study4_scale'))]
+           ('study4_scale', 'Study 4: one more size', lambda md: study1(md, 'study4_scale', 'study4_scale')),
+           ('study5_lean', 'Study 5: lean recipes (4-bit states, no master)', study5)]
 
 
 def commands(md, study, runs):
@@ -226,23 +369,36 @@ def commands(md, study, runs):
         md.append('<details><summary>the trainer commands</summary>\n\n```\n' + ''.join(cmds) + '```\n</details>\n')
 
 
-def missing():
-    """The runs the study scripts list (run and same lines of their EXP_QUEUE) that have no complete
-    log in OUT, in the scripts' order; None where OUT is not the scripts' default folder (another
-    series, made with other settings)."""
+QUEUED = []
+
+
+def queued():
+    """The runs the study scripts list (run and same lines of their EXP_QUEUE), in the scripts' order:
+    [(study, name, the run's flags (a copy's: none))]; None where OUT is not the scripts' default folder
+    (another series, made with other settings)."""
     if not os.path.isdir(OUT) or not os.path.samefile(OUT, STUDIES_OUT):
         return None
+    if not QUEUED:
+        with tempfile.NamedTemporaryFile('r') as q:
+            for study, _, _ in STUDIES:
+                env = dict(os.environ, EXP_QUEUE=q.name, EXP_OUT=OUT)
+                subprocess.run(['bash', os.path.join(HERE, study + '.sh')], env=env, stdout=subprocess.DEVNULL, check=True)
+            for line in q.read().splitlines():
+                kind, study, name, *flags = line.split()
+                QUEUED.append((study, name, flags if kind == 'run' else []))
+    return QUEUED
+
+
+def missing():
+    """The listed runs (queued) that have no complete log in OUT; None as queued."""
+    if queued() is None:
+        return None
     out = []
-    with tempfile.NamedTemporaryFile('r') as q:
-        for study, _, _ in STUDIES:
-            env = dict(os.environ, EXP_QUEUE=q.name, EXP_OUT=OUT)
-            subprocess.run(['bash', os.path.join(HERE, study + '.sh')], env=env, stdout=subprocess.DEVNULL, check=True)
-        for line in q.read().splitlines():
-            _, study, name = line.split()[:3]
-            r = parse(os.path.join(OUT, 'logs', study, name + '.log')) \
-                if os.path.exists(os.path.join(OUT, 'logs', study, name + '.log')) else None
-            if r is None or not r['complete'] or 'skipped' in r['header']:
-                out.append(f'{study}/{name}')
+    for study, name, _ in queued():
+        path = os.path.join(OUT, 'logs', study, name + '.log')
+        r = parse(path) if os.path.exists(path) else None
+        if r is None or not r['complete'] or 'skipped' in r['header']:
+            out.append(f'{study}/{name}')
     return out
 
 
@@ -291,14 +447,16 @@ def main():
                   f"{', '.join(f'`{g}`' for g in gone) if gone else 'none'}.\n")
     for study, title, fn in STUDIES:
         runs = runs_of(study)
-        if not runs:
+        if not runs and not any(s == study for s, _, _ in queued() or []):
             continue
         md.append(f'\n## {title}\n')
         fn(md)
-        for png in sorted(glob.glob(os.path.join(OUT, 'plots', study + '_*.png')), key=plot_order):
+        key = lean_plot_order if study == 'study5_lean' else plot_order
+        for png in sorted(glob.glob(os.path.join(OUT, 'plots', study + '_*.png')), key=key):
             md.append(f'\n![{os.path.basename(png)}]({LINK}/plots/{os.path.basename(png)})\n')
         md.append('')
-        commands(md, study, runs)
+        if runs:
+            commands(md, study, runs)
     with open(PAGE, 'w') as f:
         f.write('\n'.join(md))
     print(f'{PAGE}: {len(all_runs)} logs, {len(diverged)} diverged')

@@ -7,15 +7,17 @@
 # Settings: common.sh and README.md. More:
 #   EXP_WORKERS    runs at once (default: the GPUs nvidia-smi lists, else 1); worker k gets GPU k
 #   EXP_BUDGET     seconds from now in which every run must end (default: none)
-#   EXP_STUDIES    the studies to queue (default: study1_recipes study3_seeds study2_ablations study4_scale)
+#   EXP_STUDIES    the studies to queue (default: study1_recipes study3_seeds study2_ablations study4_scale
+#                  study5_lean)
 #   EXP_RESUME     a folder with logs/ from earlier starts (e.g. dev/results/studies when EXP_OUT is
 #                  elsewhere): its complete logs are copied into EXP_OUT first and not rerun
 #   EXP_BUILD      1 (default): make the trainer first when nvcc is there (incremental)
-#   EXP_DRY        1: print the queue in its order (and the copies) and stop
+#   EXP_DRY        1: print the queue in its order (and the copies), when each run would start on which
+#                  worker by the estimates (EXP_RUN_EST, EXP_RUN_EST_D24) and EXP_BUDGET, and stop
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 T0=$(date +%s)
-: "${EXP_STUDIES:=study1_recipes study3_seeds study2_ablations study4_scale}" "${EXP_RESUME:=}" "${EXP_BUILD:=1}"
+: "${EXP_STUDIES:=study1_recipes study3_seeds study2_ablations study4_scale study5_lean}" "${EXP_RESUME:=}" "${EXP_BUILD:=1}"
 : "${EXP_DRY:=0}"
 [ "$EXP_DRY" = 0 ] || EXP_BUILD=0
 if [ -z "${EXP_WORKERS:-}" ]; then
@@ -68,7 +70,22 @@ done
 echo "run_all: ${#ORDERED[@]} runs, ${#SAMES[@]} copies, $EXP_WORKERS at once, OMP_NUM_THREADS=$OMP_NUM_THREADS${EXP_END_AT:+, every run to end within ${EXP_BUDGET} s}"
 
 if [ "$EXP_DRY" = 1 ]; then
-    for i in "${!ORDERED[@]}"; do echo "$((i + 1)). ${ORDERED[i]}"; done
+    # The workers' plan by the estimates: each run goes to the worker free first, as the claims do,
+    # unless it would end after the budget (then no worker starts it).
+    free=() est=0
+    for ((k = 0; k < EXP_WORKERS; k++)); do free[k]=0; done
+    for i in "${!ORDERED[@]}"; do
+        k=0
+        for ((j = 1; j < EXP_WORKERS; j++)); do [ "${free[j]}" -ge "${free[k]}" ] || k=$j; done
+        # shellcheck disable=SC2086   # the line is study, name, flags
+        case $(get -e ${ORDERED[i]#* * }) in d24*) est=$EXP_RUN_EST_D24 ;; *) est=$EXP_RUN_EST ;; esac
+        if [ -n "${EXP_BUDGET:-}" ] && [ $((free[k] + est)) -gt "$EXP_BUDGET" ]; then
+            echo "$((i + 1)). ${ORDERED[i]}  [not started: ~$est s would pass EXP_BUDGET]"
+        else
+            echo "$((i + 1)). ${ORDERED[i]}  [worker $k, ~${free[k]}..$((free[k] + est)) s]"
+            free[k]=$((free[k] + est))
+        fi
+    done
     for line in "${SAMES[@]}"; do echo "copy: $line"; done
     exit 0
 fi
