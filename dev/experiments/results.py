@@ -252,7 +252,7 @@ def against_fp32(r, seeds):
 
 
 # Study 5's ablations: run NAME_<suffix> is run NAME (its recipe) with the flags that make the ablation.
-ABLATIONS = {'zeromap': "v's map with zero in it", 'norank1': 'no rank-1 normalization of v',
+ABLATIONS = {'zeromap': "v's map with zero in it", 'rank1': 'rank-1 normalization of v (the recipe: blocks only)',
              'nearest': 'nearest rounding without a master'}
 
 
