@@ -207,42 +207,41 @@ static void test_state_version4_words(void) {
     remove(bad);
 }
 
-// Version 3 (40 words, words 0..38 as in version 4, its checksum in word 39) still loads: its fields,
-// and -V block (0), all a version 3 run had; at version 4's size it is oversized.
-static void test_state_version3_loads(void) {
-    char path[128];
-    rpath(path, sizeof path, "state_v3.bin");
-    TrainerState s = sample_state(), back;
+// sample_state's file rewritten as an older version of the given words (its checksum made right in
+// its last word) loads into *back (1 when it does); at this version's size it is refused as oversized.
+static int load_as_version(int version, int words, TrainerState *back) {
+    char path[128], label[64];
+    rpath(path, sizeof path, "state_old.bin");
+    TrainerState s = sample_state();
     int64_t w[STATE_WORDS];
-    if (!written_words(&s, path, w)) return;
-    w[1] = 3;
-    put_state_words(path, w, 40);
-    EXPECT(state_load(&back, path) == 0 && back.version == 3 && back.step == 7 && back.lr == s.lr && back.blocksize == 128 &&
+    if (!written_words(&s, path, w)) return 0;
+    w[1] = version;
+    put_state_words(path, w, words);
+    int ok = state_load(back, path) == 0;
+    w[1] = version;
+    put_state_words(path, w, STATE_WORDS);
+    snprintf(label, sizeof label, "version %d at version %d's size", version, STATE_VERSION);
+    expect_refused(state_file_refused(path), "oversized", label);
+    remove(path);
+    return ok;
+}
+
+// Version 3 (40 words, words 0..38 as in version 4, its checksum in word 39) still loads: its fields,
+// and -V block (0), all a version 3 run had.
+static void test_state_version3_loads(void) {
+    TrainerState s = sample_state(), back;
+    EXPECT(load_as_version(3, 40, &back) && back.version == 3 && back.step == 7 && back.lr == s.lr && back.blocksize == 128 &&
            back.optim_digest == s.optim_digest && back.rank1 == 0, "version 3: %s (-V %lld)", train_error_text,
            (long long)back.rank1);
-    w[1] = 3;
-    put_state_words(path, w, STATE_WORDS);
-    expect_refused(state_file_refused(path), "oversized", "version 3 at version 4's size");
-    remove(path);
 }
 
 // Version 2 (32 words, words 0..30 as in version 3, its checksum in word 31) still loads: its fields,
-// and none of version 3's (the learning rate NaN: not recorded); at version 4's size it is oversized.
+// and none of version 3's (the learning rate NaN: not recorded).
 static void test_state_version2_loads(void) {
-    char path[128];
-    rpath(path, sizeof path, "state_v2.bin");
-    TrainerState s = sample_state(), back;
-    int64_t w[STATE_WORDS];
-    if (!written_words(&s, path, w)) return;
-    w[1] = 2;
-    put_state_words(path, w, 32);
-    EXPECT(state_load(&back, path) == 0 && back.version == 2 && back.step == 7 && back.position == 64 && back.rng == 5 &&
+    TrainerState back;
+    EXPECT(load_as_version(2, 32, &back) && back.version == 2 && back.step == 7 && back.position == 64 && back.rng == 5 &&
            back.steps == 20 && back.config.channels == 32 && isnan(back.lr) && isnan(back.grad_clip),
            "version 2: %s (lr %g)", train_error_text, back.lr);
-    w[1] = 2;
-    put_state_words(path, w, STATE_WORDS);
-    expect_refused(state_file_refused(path), "oversized", "version 2 at version 4's size");
-    remove(path);
 }
 
 // ------------------------------------------------------------------------------------------------
