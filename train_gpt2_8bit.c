@@ -357,7 +357,7 @@ static void print_banner(Trainer *t) {
     if (r->states == BNB8_STATE_8BIT && !a->blocksize) printf(" (%s map, one absmax per tensor)", map);
     if (r->states == BNB8_STATE_FLASH) printf(" (%s group scales)", scale_dtypes[t->scale].name);
     if (r->states == BNB8_STATE_4BIT)
-        printf(" (v: %s map, %s)", a->map == BNB8_MAP_LINEAR ? "linear with zero" : "Li et al.'s without zero",
+        printf(" (v: %s, %s)", a->map == BNB8_MAP_LINEAR ? "the linear map with zero" : "Li et al.'s map without zero",
                a->rank1 ? "rank-1 on the matrices" : "blocks of 128");
     printf("\n");
     printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g (%s)\n",
