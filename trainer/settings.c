@@ -155,7 +155,7 @@ void usage(FILE *f) {
         "  -y <0|1>    resume from the newest complete checkpoint in -o (a damaged one: the one before); without\n"
         "              it an -o that holds checkpoints is refused. The checkpoint's model, RNG and data position\n"
         "              continue: an -e or -w of another model and an -i of other tokens are refused, -d is not\n"
-        "              used; -n -l -u -q -c -g -M -K left out take the checkpoint's, and given must equal it\n"
+        "              used; -n -l -u -q -c -g -M -K -V left out take the checkpoint's, and given must equal it\n"
         "              (default %d)\n"
         "  -x <int>    stop after this step, checkpointing it into -o (needed); the schedule still spans -n; on\n"
         "              resume, past the checkpoint's step (default off)\n"
