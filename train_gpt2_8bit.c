@@ -276,7 +276,7 @@ static void print_sample(Trainer *t) {
 static const char *master_name(const Layout *l) {
     return l->correction_bytes == 4 ? "+ an fp32 master" : l->correction_bytes == 1 ? "+ an int8 correction"
          : l->weights == BNB8_F32 ? "(their own master)"
-         : l->correction_bytes == BNB8_CORRECTION_STOCHASTIC ? "(no master: stochastic rounding)" : "(no master)";
+         : l->correction_bytes == BNB8_CORRECTION_STOCHASTIC ? "(no master: stochastic rounding)" : "(no master: rounded to nearest)";
 }
 
 static void print_memory(Trainer *t) {
