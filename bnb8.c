@@ -409,7 +409,7 @@ typedef struct {
     int64_t step;
     void *state[3];             // (n) floats, (n) codes, or (ceil(n / 2)) bytes of 4-bit codes, per state
     float *absmax[3];           // (ceil(n / block)) per 8-bit or 4-bit state; a rank-1 state (rows + row_size)
-    const float *code[3];       // 8-bit, 4-bit: each state's map (the optimizer's code[map][is_signed], four[])
+    const float *code[3];       // 8-bit, 4-bit: each state's map (the optimizer's code or four[map][is_signed])
     void *scale[3];             // (ceil(n / 32)) of scale_dtype per flash or flash4 state
     bnb8_dtype scale_dtype;
     int correction_bytes;       // bf16/fp16 weights: cfg's 1, 2 or 4; fp32 weights: 0
@@ -438,8 +438,8 @@ struct bnb8_optimizer {
     int gpu_sums_count;
     float code[BNB8_NUM_MAPS][2][256];          // [map][is_signed]: the maps of 8-bit states
     bnb8_codebook books[BNB8_NUM_MAPS][2];      // their thresholds and lookup tables
-    float four[2][BNB8_FOUR_CODES];             // [is_signed]: the maps of 4-bit states
-    float four_t[2][BNB8_FOUR_CODES];           // their thresholds, t[15] = +inf
+    float four[BNB8_NUM_MAPS][2][BNB8_FOUR_CODES];     // [map][is_signed]: the maps of 4-bit states
+    float four_t[BNB8_NUM_MAPS][2][BNB8_FOUR_CODES];   // their thresholds, t[15] = +inf
 };
 
 // The GPU path lives in bnb8_cuda.cu. Built with -DBNB8_CUDA, bnb8.c needs it; without, weak
@@ -565,11 +565,12 @@ static bnb8_status bnb8_check_config(const char *fn, bnb8_optim kind, const bnb8
         return bnb8_fail(BNB8_ERR_BLOCKSIZE, "%s: blocksize %lld is neither a power of two in 64..4096 nor 0 (one "
                          "absmax per tensor)", fn, (long long)c->blocksize);
     // Flash and 4-bit states have their own codes, flash ones a scale per group of 32: asking them for
-    // a map or for one absmax per tensor is a mistake, not a no-op.
+    // a map (but 4-bit v's map with zero, BNB8_MAP_LINEAR) or for one absmax per tensor is a mistake,
+    // not a no-op.
     const char *own = c->format == BNB8_STATE_FLASH ? "flash states have companded codes"
                     : c->format == BNB8_STATE_FLASH4 ? "flash4 states have companded codes"
                     : c->format == BNB8_STATE_4BIT ? "4-bit states have their own 16-value maps" : NULL;
-    if (own && c->map != BNB8_MAP_DYNAMIC)
+    if (own && c->map != BNB8_MAP_DYNAMIC && c->format != BNB8_STATE_4BIT)
         return bnb8_fail(BNB8_ERR_ARG, "%s: map %d is for the 8-bit format; %s", fn, (int)c->map, own);
     if (own && c->blocksize == 0)
         return bnb8_fail(BNB8_ERR_ARG, "%s: blocksize 0 (one absmax per tensor) is for the 8-bit format; %s%s", fn, own,
@@ -602,8 +603,11 @@ bnb8_status bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const b
         bnb8_map_dynamic(is_signed, o->code[BNB8_MAP_DYNAMIC][is_signed]);
         bnb8_map_linear(is_signed, o->code[BNB8_MAP_LINEAR][is_signed]);
         for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed], bnb8_zero_code(is_signed));
-        for (int c = 0; c < BNB8_FOUR_CODES; c++) o->four[is_signed][c] = bnb8_four_map(is_signed, c);
-        for (int k = 0; k < BNB8_FOUR_CODES; k++) o->four_t[is_signed][k] = bnb8_threshold_of(o->four[is_signed], BNB8_FOUR_CODES, k);
+        for (int map = 0; map < BNB8_NUM_MAPS; map++) {
+            for (int c = 0; c < BNB8_FOUR_CODES; c++) o->four[map][is_signed][c] = bnb8_four_map(map, is_signed, c);
+            for (int k = 0; k < BNB8_FOUR_CODES; k++)
+                o->four_t[map][is_signed][k] = bnb8_threshold_of(o->four[map][is_signed], BNB8_FOUR_CODES, k);
+        }
     }
     *opt = o;
     return BNB8_OK;
@@ -864,10 +868,10 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
     }
     if ((status = bnb8_check_shard(fn, opt->kind, &t, name))) return status;
     for (int k = 0; k < 3; k++)
-        t.code[k] = t.format == BNB8_STATE_4BIT ? opt->four[bnb8_state_signed(opt->kind, k)]
+        t.code[k] = t.format == BNB8_STATE_4BIT ? opt->four[t.cfg.map][bnb8_state_signed(opt->kind, k)]
                   : opt->code[t.cfg.map][bnb8_state_signed(opt->kind, k)];
     // The GPU steps every tensor of a launch with one pair of maps (the optimizer's).
-    if (t.on_gpu && t.format == BNB8_STATE_8BIT && t.cfg.map != opt->cfg.map)
+    if (t.on_gpu && (t.format == BNB8_STATE_8BIT || t.format == BNB8_STATE_4BIT) && t.cfg.map != opt->cfg.map)
         return bnb8_fail(BNB8_ERR_ARG, "%s: '%s' is GPU memory: its map must be the optimizer's (a per-tensor "
                          "map is CPU-only for now)", fn, name);
     t.nstates = bnb8_state_count(opt->kind, t.cfg.momentum);
@@ -876,8 +880,6 @@ bnb8_status bnb8_optimizer_add(bnb8_optimizer *opt, const char *name, void *para
     if (t.stochastic && param_dtype == BNB8_F32)
         return bnb8_fail(BNB8_ERR_DTYPE, "%s: '%s' has fp32 weights: stochastic rounding (BNB8_CORRECTION_STOCHASTIC) "
                          "stores bf16/fp16 weights, fp32 ones have nothing to round (set correction_bytes 0 for them)", fn, name);
-    if (t.stochastic && bnb8_four_format(t.format))   // the rounding's GPU kernels hold no 4-bit states yet
-        return bnb8_fail(BNB8_ERR_ARG, "%s: '%s': 4-bit states with stochastic rounding: not yet (use a correction)", fn, name);
     t.seed = t.cfg.seed;
     t.identity = bnb8_name_identity(name);
     if (param_dtype != BNB8_F32 && !t.stochastic)   // automatic: int8 for a flash configuration (small tensors too), else none
@@ -1238,7 +1240,7 @@ static void bnb8_requantize_four(const bnb8_optimizer *opt, const bnb8_tensor *t
     uint8_t codes[4096];
     for (int64_t j = 0; j < count; j++) {
         float a = rank1 ? bnb8_rank1_scale(maxima, t->rows, t->row_size, start + j) : amax;
-        codes[j] = (uint8_t)bnb8_four_code(opt->four_t[is_signed], is_signed, v[j], a);
+        codes[j] = (uint8_t)bnb8_four_code(opt->four_t[t->cfg.map][is_signed], is_signed, v[j], a);
     }
     bnb8_store_codes(t, k, is_signed, start, count, codes);
 }
@@ -1435,6 +1437,7 @@ static void bnb8_describe_gpu(bnb8_optimizer *opt, bnb8_tensor *t, int id, float
     g->rows = t->rows;
     g->row_size = t->row_size;
     g->rank1_k = t->rank1_k;
+    g->four_map = t->format == BNB8_STATE_4BIT ? (int32_t)t->cfg.map : 0;
     g->percentile = t->cfg.percentile_clipping;
     g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
     g->format = t->format;
@@ -1539,7 +1542,7 @@ bnb8_status bnb8_optimizer_step(bnb8_optimizer *opt, float lr, float gnorm_scale
 //               beside an fp32 master, whose weights are RNE(master) and are rebuilt on load;
 //               u32 CRC-32 of the record
 //   format: the state format in bits 0..7 (0 32-bit, 1 8-bit, 2 flash, 3 4-bit, 4 flash4); bits 8..15
-//           the scale dtype of flash and flash4 states, the map of 8-bit states (0 dynamic, 1 linear);
+//           the scale dtype of flash and flash4 states, the map of 8-bit and 4-bit states (0 dynamic, 1 linear);
 //           bits 16..23 the correction bytes, or 0x80 for stochastic rounding (no correction); bits
 //           24..31 the weights' dtype. Block size: the 8-bit block size (0: one absmax per tensor), 32
 //           for flash and flash4 states, the 4-bit block size + row_size 2^16 (rank-1; 0 without).
@@ -1568,7 +1571,7 @@ static int bnb8_file_version(const bnb8_optimizer *opt) { return bnb8_has(opt, 0
 static uint32_t bnb8_record_format(const bnb8_tensor *t, uint32_t version) {
     uint32_t f = (uint32_t)t->format;
     if (bnb8_companded_format(t->format)) f |= (uint32_t)t->scale_dtype << 8;
-    if (t->format == BNB8_STATE_8BIT) f |= (uint32_t)t->cfg.map << 8;
+    if (t->format == BNB8_STATE_8BIT || t->format == BNB8_STATE_4BIT) f |= (uint32_t)t->cfg.map << 8;
     if (t->correction_bytes) f |= (uint32_t)t->correction_bytes << 16;
     if (t->stochastic) f |= BNB8_RECORD_STOCHASTIC << 16;
     if (t->correction_bytes || version >= 2) f |= (uint32_t)t->param_dtype << 24;
@@ -1900,7 +1903,7 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
             break;
         }
         size_t file_weights = bnb8_record_weight_bytes(t, version), want_bytes = t->memory_bytes + file_weights;
-        uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit record; of a flash record, its scale dtype
+        uint32_t map = (format >> 8) & 0xffu;   // of an 8-bit or 4-bit record; of a flash record, its scale dtype
         uint32_t master = (format >> 16) & 0xffu, own = (bnb8_record_format(t, version) >> 16) & 0xffu;
         if (master != own) {
             // e.g. a run of stochastic rounding resumed without it: its weights would go on differently
@@ -1915,6 +1918,13 @@ static bnb8_status bnb8_state_read(bnb8_optimizer *opt, FILE *f, const char *fn,
                                "optimizer has the %s map and block size %lld (0: one absmax per tensor)", fn, path, name,
                                bnb8_map_name(map), (long long)blocksize, bnb8_map_name((uint32_t)t->cfg.map),
                                (long long)t->cfg.blocksize);
+            break;
+        }
+        if (t->format == BNB8_STATE_4BIT && (format & 0xffu) == BNB8_STATE_4BIT && map != (uint32_t)t->cfg.map) {
+            // 4-bit states whose v has the map with zero (the ablation) or not: say which.
+            status = bnb8_fail(BNB8_ERR_FORMAT, "%s: %s: '%s' was saved with the 4-bit %s map; this optimizer has the %s "
+                               "map (cfg.map: linear puts zero in v's map)", fn, path, name, bnb8_map_name(map),
+                               bnb8_map_name((uint32_t)t->cfg.map));
             break;
         }
         if (t->format == BNB8_STATE_4BIT && (format & 0xffu) == BNB8_STATE_4BIT && blocksize != bnb8_record_block(t)) {

@@ -183,6 +183,9 @@ typedef enum {
     BNB8_STATE_32BIT = 0, BNB8_STATE_8BIT = 1, BNB8_STATE_FLASH = 2, BNB8_STATE_4BIT = 3, BNB8_STATE_FLASH4 = 4
 } bnb8_state_format;
 // Maps of 8-bit states: signed states take the signed map, non-negative ones (Adam's v) the unsigned.
+// Of 4-bit states (DESIGN.md §5.7): BNB8_MAP_DYNAMIC is Li et al.'s (signed: the 4-bit dynamic map;
+// non-negative: linear without zero, (c + 1)/16); BNB8_MAP_LINEAR changes only the non-negative
+// states' map, to linear with zero, c/15: the ablation of the paper's zero-point problem.
 typedef enum { BNB8_MAP_DYNAMIC = 0, BNB8_MAP_LINEAR = 1, BNB8_NUM_MAPS } bnb8_map;
 
 #define BNB8_CORRECTION_AUTO (-1)   // cfg.correction_bytes: the state format's own (int8 for flash)
@@ -202,8 +205,10 @@ typedef struct {
     int64_t blocksize;           // 8-bit: a power of two in 64..4096 (default 256), or 0: one absmax
                                  // per tensor (the paper's ablation; two passes per step). 4-bit: a
                                  // power of two in 64..4096 (Li et al.'s 128: BNB8_BLOCKSIZE_4BIT)
-    bnb8_map map;                // 8-bit: dynamic (default) or linear; a GPU tensor keeps the optimizer's
-                                 // (4-bit, flash and flash4 states have their own codes: dynamic only)
+    bnb8_map map;                // 8-bit: dynamic (default) or linear. 4-bit: dynamic (default: Li et al.'s
+                                 // maps) or linear (v's map linear with zero, c/15: the zero-point ablation).
+                                 // A GPU tensor keeps the optimizer's. Flash and flash4 states have their own
+                                 // codes: dynamic only
     int64_t row_size;            // 4-bit: the tensor as a matrix of rows of row_size elements (n = rows x
                                  // row_size): its non-negative states (Adam's v) are normalized by
                                  // min(row max, column max) instead of blocks (rank-1; two passes per
@@ -216,7 +221,8 @@ typedef struct {
                                  // bytes, 0 (none: each step's result rounded to nearest), 1 (int8), 2 (int16),
                                  // 4 (an fp32 master), BNB8_CORRECTION_AUTO (default): int8 in a flash or flash4
                                  // configuration, else none; or BNB8_CORRECTION_STOCHASTIC: none, each step's
-                                 // result rounded stochastically (DESIGN.md §6.6; fp32 weights are refused).
+                                 // result rounded stochastically (DESIGN.md §6.6; any state format, 4-bit and
+                                 // flash4 too; fp32 weights are refused).
                                  // bnb8_optimizer_add starts the master at the weights (bnb8_optimizer_import_fp32
                                  // sets other values)
     bnb8_dtype scale_dtype;      // flash: the group scales' type: BNB8_E6M10 (default: fp16's precision and
@@ -1058,24 +1064,28 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
 // nibble of an odd n's last byte holds the pad code (bnb8_four_pad), which every writer keeps.
 //   BNB8_STATE_4BIT (Li, Chen, Zhu, NeurIPS 2023): per state, an fp32 absmax per block as the 8-bit
 //     format, or for the non-negative state of a matrix (cfg.row_size) the rank-1 scale of element
-//     (r, c): min(row max r, column max c) of the state (bnb8_rank1_scale). Value = map[code] * scale,
-//     code = bnb8_four_code(thresholds, is_signed, x, scale).
+//     (r, c): min(row max r, column max c) of the state (bnb8_rank1_scale). Value = map[code] * scale
+//     (map = bnb8_four_map of cfg.map), code = bnb8_four_code(thresholds, is_signed, x, scale).
 //   BNB8_STATE_FLASH4: per state a scale per group of 32 as flash (bnb8_compand_magnitude,
 //     bnb8_scale_round), code = bnb8_compand4_code, value = bnb8_expand4_value.
 #define BNB8_FOUR_CODES 16
 
-// Code c of a 4-bit map. Signed (m, momentum, Lion's EMA): the dynamic map built as the 8-bit one
-// (DESIGN.md §3) with 4 bits: a sign, then 3 levels i = 0..2 of 2^i values 10^(i-2) (0.1 + 0.9
-// (2k+1)/2^(i+1)) each, both signs, 0 and 1, ascending; the exact values rounded to float. Unsigned
-// (v, accumulators): the linear map without zero, (c + 1) / 16: no value decodes to 0 under a
-// non-zero scale, so 1 / (sqrt(v) + eps) stays bounded (the paper's zero-point problem).
-BNB8_HD float bnb8_four_map(int is_signed, int c) {
+// Code c of a 4-bit map (map: cfg.map, BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR). Signed (m, momentum,
+// Lion's EMA), either map: the dynamic map built as the 8-bit one (DESIGN.md §3) with 4 bits: a
+// sign, then 3 levels i = 0..2 of 2^i values 10^(i-2) (0.1 + 0.9 (2k+1)/2^(i+1)) each, both signs, 0
+// and 1, ascending; the exact values rounded to float. Unsigned (v, accumulators): under
+// BNB8_MAP_DYNAMIC (the default) the linear map without zero, (c + 1) / 16: no value decodes to 0
+// under a non-zero scale, so 1 / (sqrt(v) + eps) stays bounded (the paper's zero-point problem);
+// under BNB8_MAP_LINEAR the linear map with zero, c / 15 rounded to float (IEEE division): the
+// ablation that shows the problem.
+BNB8_HD float bnb8_four_map(int map, int is_signed, int c) {
     const float dynamic[BNB8_FOUR_CODES] = {-0.8875f, -0.6625f, -0.4375f, -0.2125f, -0.0775f, -0.0325f, -0.0055f, 0.0f,
                                             0.0055f, 0.0325f, 0.0775f, 0.2125f, 0.4375f, 0.6625f, 0.8875f, 1.0f};
-    return is_signed ? dynamic[c & 15] : (float)((c & 15) + 1) * 0.0625f;
+    if (is_signed) return dynamic[c & 15];
+    return map == BNB8_MAP_LINEAR ? (float)(c & 15) / 15.0f : (float)((c & 15) + 1) * 0.0625f;
 }
-// The code of exact zero, which an all-zero block stores: 7 signed (the map's 0), 0 unsigned
-// (1/16 of an absmax of 0 decodes to 0).
+// The code of exact zero, which an all-zero block stores: 7 signed (the map's 0), 0 unsigned (c /
+// 15's 0, or 1/16 of an absmax of 0, which decodes to 0).
 BNB8_HD int bnb8_four_zero_code(int is_signed) { return is_signed ? 7 : 0; }
 // The code an all-zero state holds: what bnb8_optimizer_add writes and what pads an odd n's last
 // byte (the zero code of 4-bit states; code 0 of flash4, whose value is 0 under a zero scale).
@@ -1259,6 +1269,8 @@ typedef struct {
     void *scale[2];              // flash and flash4 states: (ceil(n / 32)) scales per state
     int64_t rows, row_size;      // 4-bit states of a matrix: state rank1_k is rank-1 normalized; else 0
     int32_t rank1_k;
+    int32_t four_map;            // 4-bit states: their map (cfg.map, bnb8_four_map), the same for every
+                                 // 4-bit tensor of a launch; else 0
     unsigned *rank1_max;         // filled by bnb8_cuda.cu: the step's new row and column maxima (float bits)
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
     const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL

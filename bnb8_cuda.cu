@@ -513,9 +513,10 @@ extern "C" bnb8_status bnb8_cuda_masters(void *param, bnb8_dtype dtype, void *co
 // that max (BNB8_PASS_STORE); a last kernel writes it as the tensor's absmax. Nothing is written
 // before the second pass, so both passes read the same old states, absmax included.
 enum { BNB8_PASS_BLOCKS = 0, BNB8_PASS_MAX = 1, BNB8_PASS_STORE = 2 };
-// The update kernels' FLASH modes of a launch with 4-bit tensors, and of one whose tensors all round
-// stochastically (bnb8_update_kernel).
-enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4 };
+// The update kernels' FLASH modes of a launch with 4-bit tensors, of one whose tensors all round
+// stochastically, and of one whose tensors all round stochastically and some have 4-bit states
+// (bnb8_update_kernel).
+enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4, BNB8_FOUR_SR_LAUNCH = 5 };
 
 typedef struct {
     bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
@@ -523,6 +524,7 @@ typedef struct {
     int64_t total_chunks;
     int count;
     int blocked;                 // tensors [0, blocked) have blocks or 32-bit states, the rest blocksize 0
+    int four_map;                // the map of the launch's 4-bit tensors (bnb8_four_map; one per optimizer)
     int64_t blocked_chunks;      // the chunks of tensors [0, blocked)
     unsigned long long taken[3]; // per pass: chunks handed out so far (0 in each upload)
 } bnb8_step_header;
@@ -548,7 +550,7 @@ typedef struct {
     double *units;               // (units_capacity) cfg.sum_squares: the launch's per-unit sums
     int64_t units_capacity;
     int sms;
-    int update_per_sm[3][BNB8_SR_LAUNCH + 1][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    int update_per_sm[3][BNB8_FOUR_SR_LAUNCH + 1][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
     unsigned *rank1_max;         // (rank1_capacity) the rank-1 tensors' new row and column maxima, as float bits
     int64_t rank1_capacity;
 } bnb8_cuda_context;
@@ -1325,8 +1327,9 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         if (k < nstates && o % BNB8_FLASH_GROUP == 0) scales[k][o / BNB8_FLASH_GROUP] = (uint16_t)sc[k];
 }
 
-// 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH mode 3): the 16-value maps, their
-// thresholds and flash4's units, a shared-memory read each (static: only these kernels hold them).
+// 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH modes 3 and 5): the 16-value maps
+// (the launch's, h->four_map), their thresholds and flash4's units, a shared-memory read each (static:
+// only these kernels hold them).
 struct bnb8_four_smem {
     float map[2][BNB8_FOUR_CODES];   // bnb8_four_map: [0] unsigned, [1] signed
     float t[2][BNB8_FOUR_CODES];     // their thresholds (bnb8_threshold_of), t[15] = +inf
@@ -1377,14 +1380,17 @@ __device__ void bnb8_rank1_maxima(const bnb8_gpu_tensor &t, int64_t base, const 
 // so that its registers do not weigh on the launch's other paths (flash, 8-bit with masters):
 // inlined, ptxas -v gave the mode-3 kernel of R = 2 AdamW 280 / 880 bytes of spill stores / loads
 // against mode 2's 80 / 96.
-template <int R, int KIND, bool FULL, int PASS>
+// SR (FLASH mode 5): the weights round stochastically (bnb8_round_result before the finiteness
+// check, as the other chunks); such a tensor has no correction, so cb is 0 at compile time. A
+// template argument, so that mode 3's instances hold no trace of it.
+template <int R, int KIND, bool FULL, int PASS, bool SR>
 __device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
     const bnb8_four_smem &ft = bnb8_four_tables;
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
     const bool vec = FULL || sm.vec;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
-    const int nstates = args.nstates, cb = t.correction_bytes, flash4 = t.format == BNB8_STATE_FLASH4, shift = sm.shift;
+    const int nstates = args.nstates, cb = SR ? 0 : t.correction_bytes, flash4 = t.format == BNB8_STATE_FLASH4, shift = sm.shift;
     const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype, sdt = (bnb8_dtype)t.scale_dtype;
     constexpr int S = bnb8_max_states(KIND);
     float p[R][4], g[R][4], s[R][S][4];
@@ -1425,6 +1431,7 @@ __device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base,
             }
             float u = bnb8_direction(&args, p[r][j], g[r][j], sj);
             float pn = bnb8_apply(&args, p[r][j], u, trust);
+            if constexpr (SR) pn = bnb8_round_result(&t.rounding, pn, pdt, i + j);   // the value the store keeps
             bool take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
             bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
             bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
@@ -1498,6 +1505,8 @@ __device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base,
 // BNB8_SR_LAUNCH (4): every tensor of the launch rounds its weights stochastically (none has a
 // correction; bnb8.c steps them in a launch of their own): the rounding is compiled into these
 // kernels only, so that the others keep their registers (DESIGN.md §6.6); no fast flash path.
+// BNB8_FOUR_SR_LAUNCH (5): mode 4 with 4-bit or flash4 tensors among them: mode 4's paths and
+// bnb8_four_chunk's rounding instance, so that modes 3 and 4 compile as without it.
 // PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
 // passes the blocksize-0 ones after them (tensor_max: their maxima, 3 per tensor).
 template <int R, int KIND, int FLASH, int PASS>
@@ -1506,7 +1515,8 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                    unsigned long long *nonfinite, unsigned *tensor_max) {
     extern __shared__ __align__(16) unsigned char bnb8_smem[];
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
-    constexpr bool SR = FLASH == BNB8_SR_LAUNCH;
+    constexpr bool SR = FLASH == BNB8_SR_LAUNCH || FLASH == BNB8_FOUR_SR_LAUNCH;
+    constexpr bool FOUR = FLASH == BNB8_FOUR_LAUNCH || FLASH == BNB8_FOUR_SR_LAUNCH;   // 4-bit tensors, their tables
     constexpr bool MASTERS = FLASH == 2 || FLASH == BNB8_FOUR_LAUNCH;   // chunks of 8-bit states may carry masters
     for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
     if (FLASH && (!SR || bnb8_flash_form(KIND))) {   // the tables (an SR launch's flash tensors need them)
@@ -1514,13 +1524,13 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
         bnb8_flash_tables.unit[1][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 1);
         bnb8_flash_tables.ecc8[threadIdx.x] = bnb8_ecc8_entry((int32_t)(int8_t)threadIdx.x);
     }
-    if (FLASH == BNB8_FOUR_LAUNCH && threadIdx.x < 2 * BNB8_FOUR_CODES) {
+    if (FOUR && threadIdx.x < 2 * BNB8_FOUR_CODES) {
         const int sg = threadIdx.x / BNB8_FOUR_CODES, c = threadIdx.x % BNB8_FOUR_CODES;
-        bnb8_four_tables.map[sg][c] = bnb8_four_map(sg, c);
+        bnb8_four_tables.map[sg][c] = bnb8_four_map(h->four_map, sg, c);
         bnb8_four_tables.unit[sg][c] = bnb8_expand4_unit(c, sg);
     }
-    if (FLASH == BNB8_FOUR_LAUNCH) __syncthreads();   // the maps, before their thresholds
-    if (FLASH == BNB8_FOUR_LAUNCH && threadIdx.x < 2 * BNB8_FOUR_CODES) {
+    if (FOUR) __syncthreads();   // the maps, before their thresholds
+    if (FOUR && threadIdx.x < 2 * BNB8_FOUR_CODES) {
         const int sg = threadIdx.x / BNB8_FOUR_CODES, c = threadIdx.x % BNB8_FOUR_CODES;
         bnb8_four_tables.t[sg][c] = bnb8_threshold_of(bnb8_four_tables.map[sg], BNB8_FOUR_CODES, c);
     }
@@ -1597,10 +1607,10 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                     continue;
                 }
             }
-            if constexpr (FLASH == BNB8_FOUR_LAUNCH) {           // 4-bit and flash4 tensors, in any pass
+            if constexpr (FOUR) {                                 // 4-bit and flash4 tensors, in any pass
                 if (sm.t.format == BNB8_STATE_4BIT || sm.t.format == BNB8_STATE_FLASH4) {
-                    if (full) bnb8_four_chunk<R, KIND, true, PASS>(sm, base, bad);
-                    else bnb8_four_chunk<R, KIND, false, PASS>(sm, base, bad);
+                    if (full) bnb8_four_chunk<R, KIND, true, PASS, SR>(sm, base, bad);
+                    else bnb8_four_chunk<R, KIND, false, PASS, SR>(sm, base, bad);
                     continue;
                 }
             }
@@ -1716,7 +1726,8 @@ static bnb8_status bnb8_launch_update(bnb8_cuda_context *c, int rows, int64_t ch
 // states and corrected weights exist on the GPU for AdamW, Adam, SGD and Lion only). flash: the
 // FLASH mode above; the two passes of blocksize 0 take mode 2 when those tensors carry masters,
 // BNB8_FOUR_LAUNCH when they hold rank-1 4-bit tensors (AdamW and Adam: the kinds with a second
-// moment), and BNB8_SR_LAUNCH, as the first launch, when they round stochastically.
+// moment), and BNB8_SR_LAUNCH, as the first launch, when they round stochastically
+// (BNB8_FOUR_SR_LAUNCH with rank-1 4-bit tensors among them).
 template <int KIND, int PASS>
 static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, int64_t chunks,
                                     bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
@@ -1724,8 +1735,10 @@ static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, i
     if constexpr (bnb8_flash_form(KIND)) {
         if constexpr (PASS == BNB8_PASS_BLOCKS || KIND == BNB8_ADAMW || KIND == BNB8_ADAM) {
             if (flash == BNB8_FOUR_LAUNCH) return bnb8_launch_update<KIND, BNB8_FOUR_LAUNCH, PASS>(c, rows, chunks, dh, dt, stream);
+            if (flash == BNB8_FOUR_SR_LAUNCH) return bnb8_launch_update<KIND, BNB8_FOUR_SR_LAUNCH, PASS>(c, rows, chunks, dh, dt, stream);
         } else {
-            if (flash == BNB8_FOUR_LAUNCH) return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_step: rank-1 states for optimizer kind %d", KIND);
+            if (flash == BNB8_FOUR_LAUNCH || flash == BNB8_FOUR_SR_LAUNCH)
+                return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_step: rank-1 states for optimizer kind %d", KIND);
         }
         if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
         if constexpr (PASS == BNB8_PASS_BLOCKS)
@@ -1813,9 +1826,14 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
     int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0, four = 0, rank1 = 0;
-    int stochastic = 0;
+    int stochastic = 0, four_map = -1;
     for (int i = 0; i < count; i++) {
         stochastic += tensors[i].rounding.on != 0;
+        if (tensors[i].format == BNB8_STATE_4BIT) {
+            if (four_map >= 0 && tensors[i].four_map != four_map)   // bnb8.c keeps GPU tensors on the optimizer's map
+                return bnb8_fail(BNB8_ERR_ARG, "%s: 4-bit tensors of two maps in one launch", fn);
+            four_map = tensors[i].four_map;
+        }
         int blocks = tensors[i].eight_bit || tensors[i].format == BNB8_STATE_4BIT;
         if (blocks && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
@@ -1849,6 +1867,7 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     h->total_chunks = chunks;
     h->count = count;
     h->blocked = blocked;
+    h->four_map = four_map < 0 ? BNB8_MAP_DYNAMIC : four_map;
     h->blocked_chunks = blocked_chunks;
     memset(h->taken, 0, sizeof h->taken);
     bnb8_step_header *dh = (bnb8_step_header *)c->upload;
@@ -1873,13 +1892,13 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     if (four) flash = BNB8_FOUR_LAUNCH;
     if (flash && !bnb8_flash_form(kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: flash or 4-bit states for optimizer kind %d", fn, kind);
-    if (stochastic) flash = BNB8_SR_LAUNCH;   // their kernels (none of their tensors has a correction)
+    if (stochastic) flash = four ? BNB8_FOUR_SR_LAUNCH : BNB8_SR_LAUNCH;   // their kernels (none of their tensors has a correction)
     if (blocked > 0) status = bnb8_launch_pass<BNB8_PASS_BLOCKS>(c, kind, flash, rows, blocked_chunks, dh, dt, stream);
     if (!status && blocked < count) {
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,
                                                       sizeof(unsigned) * 3 * (size_t)(count - blocked), stream));
         if (!status && maxima) status = bnb8_cuda_status(fn, cudaMemsetAsync(c->rank1_max, 0, sizeof(unsigned) * (size_t)maxima, stream));
-        int mode = stochastic ? BNB8_SR_LAUNCH : rank1 ? BNB8_FOUR_LAUNCH : per_tensor_masters ? 2 : 0;
+        int mode = stochastic ? (rank1 ? BNB8_FOUR_SR_LAUNCH : BNB8_SR_LAUNCH) : rank1 ? BNB8_FOUR_LAUNCH : per_tensor_masters ? 2 : 0;
         if (!status) status = bnb8_launch_pass<BNB8_PASS_MAX>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) status = bnb8_launch_pass<BNB8_PASS_STORE>(c, kind, mode, rows, chunks - blocked_chunks, dh, dt, stream);
         if (!status) {

@@ -276,7 +276,7 @@ static void print_sample(Trainer *t) {
 static const char *master_name(const Layout *l) {
     return l->correction_bytes == 4 ? "+ an fp32 master" : l->correction_bytes == 1 ? "+ an int8 correction"
          : l->weights == BNB8_F32 ? "(their own master)"
-         : l->correction_bytes == BNB8_CORRECTION_STOCHASTIC ? "(no master: stochastic rounding)" : "(no master)";
+         : l->correction_bytes == BNB8_CORRECTION_STOCHASTIC ? "(no master: stochastic rounding)" : "(no master: rounded to nearest)";
 }
 
 static void print_memory(Trainer *t) {
@@ -356,6 +356,9 @@ static void print_banner(Trainer *t) {
     if (r->states == BNB8_STATE_8BIT && a->blocksize) printf(" (%s map, blocks of %lld)", map, (long long)a->blocksize);
     if (r->states == BNB8_STATE_8BIT && !a->blocksize) printf(" (%s map, one absmax per tensor)", map);
     if (r->states == BNB8_STATE_FLASH) printf(" (%s group scales)", scale_dtypes[t->scale].name);
+    if (r->states == BNB8_STATE_4BIT)
+        printf(" (v: %s, %s)", a->map == BNB8_MAP_LINEAR ? "the linear map with zero" : "Li et al.'s map without zero",
+               a->rank1 ? "rank-1 on the matrices" : "blocks of 128");
     printf("\n");
     printf("optim    %s, lr %.3g (warm-up %lld, cosine to %.3g), weight decay %.3g on matrices, clip %.3g (%s)\n",
            t->oc->name, (double)t->lr, (long long)a->warmup, (double)(t->lr * a->final_lr_frac), (double)t->wd,
@@ -456,7 +459,7 @@ static int save_checkpoint(Trainer *t, int64_t s, int64_t *bytes) {
                          t->train_file.count, t->train_digest,
                          {t->profile[0], t->profile[1], t->profile[2]}, nccl_ranks(t, NULL),
                          .lr = t->lr, .final_lr_frac = a->final_lr_frac, .weight_decay = t->wd, .grad_clip = a->grad_clip,
-                         .warmup = a->warmup, .map = a->map, .blocksize = a->blocksize,
+                         .warmup = a->warmup, .map = a->map, .blocksize = a->blocksize, .rank1 = a->rank1,
                          .optim_digest = 0};   // checkpoint_save binds the optimizer files it writes
     float *masters;
     int64_t own = 0;

@@ -106,6 +106,12 @@ static inline uint32_t test_crc32(const uint8_t *p, size_t len) {
 // were in it), for the tests that old files still load; NULL if v2 does not parse.
 uint8_t *test_state_file_v1(const uint8_t *v2, size_t size, size_t *out_size);
 
+// DESIGN.md §6.6's stochastic rounding as test_round.c writes it out (its own hash and the two
+// neighbours computed in double): the value a step's fp32 result x takes as element e (of the whole
+// tensor) of the tensor called name, rounded at step count step (this step included) under seed, in
+// bf16 or fp16; inf when it rounds past the largest finite value. For other tests' references.
+double test_round_ref(float x, bnb8_dtype dt, uint64_t seed, const char *name, int64_t step, int64_t e);
+
 // The elements an optimizer left unchanged since the last take (bnb8_optimizer_take_nonfinite), or
 // -1 when the call failed: every comparison with a count then fails.
 static inline int64_t test_take_nonfinite(bnb8_optimizer *opt) {

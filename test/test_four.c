@@ -3,23 +3,26 @@ test_four.c — 4-bit optimizer states (DESIGN.md §5.7), each against an indepe
 here from DESIGN.md: double precision or brute force, fresh random inputs, every element checked.
 
   1. The 4-bit maps against their definitions computed here in double (the dynamic construction with
-     4 bits; (i + 1)/16); the nearest code against brute force over all 16 codes (the float
-     thresholds of §3 counted one by one, and the nearest value by distance) on random values,
-     every threshold and its neighbours, zeros and non-finite values; the code of a state value
-     (sign kept, zero blocks); the companded 4-bit codes of flash4 against their definition and
-     the nearest level by brute force.
+     4 bits; (i + 1)/16; with cfg.map linear, v's map with zero i/15); the nearest code against
+     brute force over all 16 codes (the float thresholds of §3 counted one by one, and the nearest
+     value by distance) on random values, every threshold and its neighbours, zeros and non-finite
+     values, on each of the three maps; the code of a state value (sign kept, zero blocks); the
+     companded 4-bit codes of flash4 against their definition and the nearest level by brute force.
   2. The optimizers with 4-bit states (every kind; flash4 for AdamW, Adam, SGD, Lion) against a
      reference loop here: it keeps its own codes and scales, dequantizes, applies §5.3's update in
      float32 with the step constants computed in double as §2 says, requantizes (block maxima,
      rank-1 row and column maxima by brute force, flash4 group scales) and packs nothing: each of
      the library's nibbles (low = even element, an odd n's pad) is read from its state file and
-     compared, and so is every weight, absmax, maximum and scale, bit for bit, every step.
+     compared, and so is every weight, absmax, maximum and scale, bit for bit, every step. With v's
+     map with zero, and with bf16 weights rounded stochastically (the rounding by test_round.c's
+     own reference of DESIGN.md §6.6).
   3. Rank-1 normalization on several matrix shapes (1 x n, n x 1, ...): the maxima equal brute-force
      ones and the dequantized state lies within the map's spacing of the value it came from.
-  4. Save, load, continue gives the bytes of never stopping, for every new format; a file of another
-     block size or matrix shape is refused; memory accounting against a hand count; misuse refused.
+  4. Save, load, continue gives the bytes of never stopping, for every new format, stochastic
+     rounding too (into an optimizer of another seed); a file of another block size, matrix shape
+     or map is refused; memory accounting against a hand count; misuse refused.
   5. Quality: the zero-excluding map of v keeps every update under a bound derived from the stored
-     scales, where a 4-bit map with zero (simulated here) exceeds it by orders of magnitude; 4-bit
+     scales, where v's map with zero (cfg.map linear) exceeds it by orders of magnitude; 4-bit
      AdamW stays within the 8-bit bar of §12 times the ratio of the two signed maps' widest gaps.
 */
 #define _POSIX_C_SOURCE 200809L   // mkdtemp
@@ -38,8 +41,14 @@ static void fpath(char *path, size_t size, const char *name) { snprintf(path, si
 // ------------------------------------------------------------------------------------------------
 // 1. Maps, nearest codes, companded codes
 
-static float ref_map[2][16];      // [is_signed][code], from the definitions in double
-static float ref_t[2][16];        // their float thresholds, t[15] = +inf
+// The maps by index: 0 unsigned (cfg.map dynamic), 1 signed (either map), 2 unsigned with zero
+// (cfg.map linear, the zero-point ablation).
+enum { MAP_UNSIGNED = 0, MAP_SIGNED = 1, MAP_ZERO = 2, NUM_REF_MAPS = 3 };
+static float ref_map[NUM_REF_MAPS][16];   // [map index][code], from the definitions in double
+static float ref_t[NUM_REF_MAPS][16];     // their float thresholds, t[15] = +inf
+static const char *map_label(int m) { return m == MAP_SIGNED ? "signed" : m == MAP_ZERO ? "unsigned with zero" : "unsigned"; }
+// The map index of a state of the given sign under cfg.map.
+static int map_index(int is_signed, bnb8_map map) { return is_signed ? MAP_SIGNED : map == BNB8_MAP_LINEAR ? MAP_ZERO : MAP_UNSIGNED; }
 
 static int compare_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -47,7 +56,9 @@ static int compare_double(const void *a, const void *b) {
 }
 
 // Signed: per level i = 0..2 the 2^i values 10^(i-2) (0.1 + 0.9 (2k+1)/2^(i+1)) with both signs, 0 and
-// 1, ascending (DESIGN.md §3 with 4 bits). Unsigned: (i + 1)/16. Thresholds (c_k + c_{k+1}) * 0.5f.
+// 1, ascending (DESIGN.md §3 with 4 bits). Unsigned: (i + 1)/16; with zero: i/15 (the exact quotient
+// in double, then rounded to float: no double rounding can meet a float tie, as i/15's bits repeat
+// with period 4). Thresholds (c_k + c_{k+1}) * 0.5f.
 static void ref_maps_init(void) {
     double v[16];
     int m = 0;
@@ -63,38 +74,51 @@ static void ref_maps_init(void) {
     for (int c = 0; c < 16; c++) {
         ref_map[1][c] = (float)v[c];
         ref_map[0][c] = (float)((c + 1) / 16.0);
+        ref_map[2][c] = (float)(c / 15.0);
     }
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < NUM_REF_MAPS; s++)
         for (int k = 0; k < 16; k++) ref_t[s][k] = k < 15 ? (ref_map[s][k] + ref_map[s][k + 1]) * 0.5f : INFINITY;
 }
 
 // The nearest code by brute force: the thresholds strictly below x, counted one by one; x exactly on
 // t_k takes the even one of k, k + 1 (DESIGN.md §3). NaN is below nothing: code 0.
-static int ref_nearest(int is_signed, float x) {
+static int ref_nearest(int m, float x) {
     int q = 0;
-    for (int k = 0; k < 15; k++) q += ref_t[is_signed][k] < x || (ref_t[is_signed][k] == x && (k & 1));
+    for (int k = 0; k < 15; k++) q += ref_t[m][k] < x || (ref_t[m][k] == x && (k & 1));
     return q;
 }
 
-// The code of a state value s under scale a (DESIGN.md §5.7): the zero code for a = 0; else the
-// nearest code of s / a, and a negative s whose code decodes to zero or above takes the largest
-// negative code.
-static int ref_code(int is_signed, float s, float a) {
-    if (!(a > 0.0f)) return is_signed ? 7 : 0;
-    int q = ref_nearest(is_signed, s / a);
-    if (is_signed && s < 0.0f && ref_map[1][q] >= 0.0f) q = 6;
+// The code of a state value s under scale a on map m (DESIGN.md §5.7): the zero code for a = 0;
+// else the nearest code of s / a, and a negative s whose code decodes to zero or above takes the
+// largest negative code.
+static int ref_code(int m, float s, float a) {
+    if (!(a > 0.0f)) return m == MAP_SIGNED ? 7 : 0;
+    int q = ref_nearest(m, s / a);
+    if (m == MAP_SIGNED && s < 0.0f && ref_map[1][q] >= 0.0f) q = 6;
     return q;
 }
 
+// bnb8_four_map under both values of cfg.map against the definitions, and the thresholds the library
+// makes of it (bnb8_threshold_of) against the reference's: linear changes only the unsigned map, to
+// one that holds zero at code 0.
 static void test_maps(void) {
-    for (int s = 0; s < 2; s++)
-        for (int c = 0; c < 16; c++) {
-            float got = bnb8_four_map(s, c);
-            EXPECT(memcmp(&got, &ref_map[s][c], 4) == 0, "%s map code %d: %.9g, definition %.9g", s ? "signed" : "unsigned",
-                   c, (double)got, (double)ref_map[s][c]);
-            EXPECT(c == 0 || ref_map[s][c - 1] < ref_map[s][c], "%s map not ascending at %d", s ? "signed" : "unsigned", c);
-            EXPECT(s || ref_map[s][c] > 0.0f, "the unsigned map holds a zero at %d", c);
+    for (int map = 0; map < BNB8_NUM_MAPS; map++)
+        for (int s = 0; s < 2; s++) {
+            const int m = map_index(s, (bnb8_map)map);
+            float lib[16];
+            for (int c = 0; c < 16; c++) lib[c] = bnb8_four_map(map, s, c);
+            for (int c = 0; c < 16; c++) {
+                float t = bnb8_threshold_of(lib, 16, c);
+                EXPECT(memcmp(&lib[c], &ref_map[m][c], 4) == 0, "cfg.map %d, %s map code %d: %.9g, definition %.9g", map,
+                       map_label(m), c, (double)lib[c], (double)ref_map[m][c]);
+                EXPECT(memcmp(&t, &ref_t[m][c], 4) == 0, "%s map threshold %d: %.9g, reference %.9g", map_label(m), c,
+                       (double)t, (double)ref_t[m][c]);
+                EXPECT(c == 0 || ref_map[m][c - 1] < ref_map[m][c], "%s map not ascending at %d", map_label(m), c);
+                EXPECT(m != MAP_UNSIGNED || ref_map[m][c] > 0.0f, "the unsigned map holds a zero at %d", c);
+            }
         }
+    EXPECT(ref_map[MAP_ZERO][0] == 0.0f && ref_map[MAP_ZERO][15] == 1.0f && bnb8_four_map(BNB8_MAP_LINEAR, 0, 0) == 0.0f,
+           "the map with zero: code 0 %g, code 15 %g", (double)ref_map[MAP_ZERO][0], (double)ref_map[MAP_ZERO][15]);
     EXPECT(ref_map[1][bnb8_four_zero_code(1)] == 0.0f && bnb8_four_zero_code(0) == 0, "zero codes %d, %d",
            bnb8_four_zero_code(1), bnb8_four_zero_code(0));
     EXPECT(ref_map[1][15] == 1.0f && ref_map[1][0] == -0.8875f && ref_map[1][6] == -0.0055f, "signed map's ends");
@@ -107,28 +131,28 @@ static void test_maps(void) {
 // threshold may miss the true midpoint.
 static void check_nearest(int s, float x) {
     int got = bnb8_nearest_code_of(ref_t[s], 16, x), want = ref_nearest(s, x);
-    EXPECT(got == want, "%s nearest code of %.9g: %d, brute force %d", s ? "signed" : "unsigned", (double)x, got, want);
+    EXPECT(got == want, "%s nearest code of %.9g: %d, brute force %d", map_label(s), (double)x, got, want);
     if (!(fabsf(x) <= 2.0f)) return;
     double d = fabs((double)x - ref_map[s][got]);
     for (int c = 0; c < 16; c++) {
         double e = fabs((double)x - ref_map[s][c]), slack = ldexp(fabs((double)ref_map[s][c]) + fabs((double)x), -24);
-        EXPECT(d <= e + slack, "%s: %.9g takes code %d (%.9g away), code %d is %.9g away", s ? "signed" : "unsigned",
+        EXPECT(d <= e + slack, "%s: %.9g takes code %d (%.9g away), code %d is %.9g away", map_label(s),
                (double)x, got, d, c, e);
     }
 }
 
 static void test_nearest(void) {
     test_rng rng = test_rng_new();
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < NUM_REF_MAPS; s++) {
         for (int i = 0; i < 200000 && test_failures() < 20; i++) {
-            float x = (float)(test_uniform(&rng) * 2.4 - (s ? 1.2 : 0.2));
-            if (i % 4 == 1) x = (float)(ldexp(test_uniform(&rng), -(int)(test_u64(&rng) % 30)) * (s && i % 8 == 1 ? -1 : 1));
+            float x = (float)(test_uniform(&rng) * 2.4 - (s == MAP_SIGNED ? 1.2 : 0.2));
+            if (i % 4 == 1) x = (float)(ldexp(test_uniform(&rng), -(int)(test_u64(&rng) % 30)) * (s == MAP_SIGNED && i % 8 == 1 ? -1 : 1));
             check_nearest(s, x);
         }
         for (int k = 0; k < 15; k++) {   // every threshold (a tie: the even index) and its neighbours
             float t = ref_t[s][k];
             EXPECT(bnb8_nearest_code_of(ref_t[s], 16, t) == ((k & 1) ? k + 1 : k), "%s: the tie at threshold %d (%.9g) took %d",
-                   s ? "signed" : "unsigned", k, (double)t, bnb8_nearest_code_of(ref_t[s], 16, t));
+                   map_label(s), k, (double)t, bnb8_nearest_code_of(ref_t[s], 16, t));
             float x = t;
             for (int j = 0; j < 4; j++) x = nextafterf(x, -INFINITY), check_nearest(s, x);
             x = t;
@@ -143,21 +167,23 @@ static void test_nearest(void) {
                bnb8_nearest_code_of(ref_t[s], 16, -INFINITY));
     }
     // The code of a state value: random values under random scales, with tiny negatives (the sign
-    // rule), zeros of both signs and zero scales.
-    int64_t kept = 0;
-    for (int i = 0; i < 200000 && test_failures() < 20; i++) {
-        int s = i & 1;
+    // rule), zeros of both signs and zero scales; on the map with zero, values near zero too.
+    int64_t kept = 0, zeros = 0;
+    for (int i = 0; i < 300000 && test_failures() < 20; i++) {
+        int m = i % 3, s = m == MAP_SIGNED;
         float a = (float)ldexp(0.5 + test_uniform(&rng), (int)(test_u64(&rng) % 60) - 40), x = (float)(test_uniform(&rng) * 2.0 - 1.0) * a;
         if (i % 16 == 3) x = -a * 1e-4f;
         if (i % 16 == 4) x = i % 32 == 4 ? -0.0f : 0.0f;
         if (i % 64 == 6) a = 0.0f;
         if (!s) x = fabsf(x);
-        int got = bnb8_four_code(ref_t[s], s, x, a), want = ref_code(s, x, a);
-        EXPECT(got == want, "%s code of %.9g under %.9g: %d, reference %d", s ? "signed" : "unsigned", (double)x, (double)a, got, want);
-        EXPECT(!(x < 0.0f) || ref_map[1][got] < 0.0f, "negative %.9g decodes to %g", (double)x, (double)ref_map[1][got]);
+        int got = bnb8_four_code(ref_t[m], s, x, a), want = ref_code(m, x, a);
+        EXPECT(got == want, "%s code of %.9g under %.9g: %d, reference %d", map_label(m), (double)x, (double)a, got, want);
+        EXPECT(!(x < 0.0f && a > 0.0f) || ref_map[1][got] < 0.0f, "negative %.9g decodes to %g", (double)x, (double)ref_map[1][got]);
         kept += s && x < 0.0f && a > 0.0f && ref_nearest(1, x / a) >= 7;
+        zeros += m == MAP_ZERO && a > 0.0f && x > 0.0f && got == 0;   // a positive value stored as zero
     }
     EXPECT(kept > 1000, "the sign rule was met only %lld times", (long long)kept);
+    EXPECT(zeros > 1000, "the map with zero coded only %lld positive values to 0", (long long)zeros);
 }
 
 // flash4's codes by their definition (DESIGN.md §5.7), in float as written there: signed
@@ -213,18 +239,21 @@ static void test_compand4(void) {
 // ------------------------------------------------------------------------------------------------
 // 2. Optimizers against a reference loop
 
-// A tensor as the reference keeps it: its weights (fp32, or bf16 with an int8 correction), and per
-// state its codes (one per element, unpacked) and scales: per block absmax (4-bit), the rows' then the
-// columns' maxima (a rank-1 state), or per group of 32 the stored scale's value (flash4).
+// A tensor as the reference keeps it: its weights (fp32, or bf16 with an int8 correction, or bf16
+// rounded stochastically), and per state its codes (one per element, unpacked) and scales: per
+// block absmax (4-bit), the rows' then the columns' maxima (a rank-1 state), or per group of 32 the
+// stored scale's value (flash4).
 typedef struct {
     bnb8_optim kind;
     bnb8_config c;
     int64_t n, rows, cols, t, nonfinite;
     int nstates, rank1_k;         // the rank-1 state, or -1
-    bnb8_dtype pdt;               // BNB8_F32, or BNB8_BF16 with an int8 correction
+    int map[3];                   // each state's map index (map_index of its sign and cfg.map)
+    bnb8_dtype pdt;               // BNB8_F32, or BNB8_BF16 with an int8 correction or none (sr)
+    int sr;                       // cfg.correction_bytes BNB8_CORRECTION_STOCHASTIC: bf16 bits, no correction
     float *p;                     // fp32 weights
     uint16_t *bits;               // bf16 weights
-    int8_t *corr;                 // their correction
+    int8_t *corr;                 // their correction (all 0 under sr)
     int *code[3];
     float *scale[3];
 } ref4;
@@ -248,7 +277,9 @@ static int64_t ref_nscales(const ref4 *r, int k) {
 static void ref4_init(ref4 *r, bnb8_optim kind, const bnb8_config *c, int64_t n, bnb8_dtype pdt, const float *p0) {
     memset(r, 0, sizeof *r);
     r->kind = kind; r->c = *c; r->n = n; r->pdt = pdt; r->rank1_k = -1;
+    r->sr = c->correction_bytes == BNB8_CORRECTION_STOCHASTIC;
     r->nstates = ref_nstates(kind, c);
+    for (int k = 0; k < 3; k++) r->map[k] = map_index(ref_signed(kind, k), c->map);
     if (c->row_size > 0) {
         r->cols = c->row_size;
         r->rows = n / c->row_size;
@@ -264,7 +295,7 @@ static void ref4_init(ref4 *r, bnb8_optim kind, const bnb8_config *c, int64_t n,
     for (int k = 0; k < r->nstates; k++) {
         r->code[k] = malloc(sizeof(int) * (size_t)n);
         r->scale[k] = calloc((size_t)ref_nscales(r, k), sizeof(float));
-        for (int64_t i = 0; i < n; i++) r->code[k][i] = c->format == BNB8_STATE_4BIT && ref_signed(kind, k) ? 7 : 0;
+        for (int64_t i = 0; i < n; i++) r->code[k][i] = c->format == BNB8_STATE_4BIT && r->map[k] == MAP_SIGNED ? 7 : 0;
     }
 }
 static void ref4_free(ref4 *r) {
@@ -275,16 +306,23 @@ static void ref4_free(ref4 *r) {
 // State k of element i, dequantized: map[code] scale (the block's absmax, or min(row max, column max)),
 // or flash4's value under its group's scale.
 static float ref4_value(const ref4 *r, int k, int64_t i) {
-    int s = ref_signed(r->kind, k), c = r->code[k][i];
+    int s = ref_signed(r->kind, k), m = r->map[k], c = r->code[k][i];
     if (r->c.format == BNB8_STATE_FLASH4) return ref_expand4(c, r->scale[k][i / 32], s);
     if (k == r->rank1_k) {
         int64_t row = i / r->cols, col = i % r->cols;
-        return ref_map[s][c] * fminf(r->scale[k][row], r->scale[k][r->rows + col]);
+        return ref_map[m][c] * fminf(r->scale[k][row], r->scale[k][r->rows + col]);
     }
-    return ref_map[s][c] * r->scale[k][i / r->c.blocksize];
+    return ref_map[m][c] * r->scale[k][i / r->c.blocksize];
 }
 static float ref4_master(const ref4 *r, int64_t i) {
     return r->pdt == BNB8_F32 ? r->p[i] : bnb8_master_load(r->bits, BNB8_BF16, r->corr, 1, i);
+}
+// The weight element i keeps of the step's fp32 result pn: itself (fp32 weights; the store of a
+// correction rounds it in bnb8_master_store), or under stochastic rounding its bf16 neighbour that
+// test_round.c's reference of DESIGN.md §6.6 chooses (tensor "w", this step's count), as a float:
+// inf when it rounds past the largest finite bf16.
+static float ref4_kept(const ref4 *r, float pn, int64_t i) {
+    return r->sr ? (float)test_round_ref(pn, BNB8_BF16, r->c.seed, "w", r->t, i) : pn;
 }
 
 // One step's constants (DESIGN.md §2, §5.3): computed in double once, used as floats.
@@ -377,12 +415,13 @@ static void ref4_step(ref4 *r, const float *g, float lr, float gnorm_scale) {
         for (int k = 0; k < r->nstates; k++) s[k] = ref4_value(r, k, i);
         memcpy(sn, s, sizeof sn);
         int take = fabsf(g[i]) <= FLT_MAX;
-        float pn = take ? p * a.decay - (a.step_size * trust) * ref_direction(r->kind, r->nstates, &a, p, g[i], sn) : p;
+        float pn = take ? ref4_kept(r, p * a.decay - (a.step_size * trust) * ref_direction(r->kind, r->nstates, &a, p, g[i], sn), i) : p;
         take = take && (r->pdt == BNB8_F32 ? fabsf(pn) <= FLT_MAX : fabsf(pn) < 0x1.ffp127f);
         for (int k = 0; k < r->nstates; k++) take = take && fabsf(sn[k]) <= FLT_MAX;
         r->nonfinite += !take;
         if (take) {
             if (r->pdt == BNB8_F32) r->p[i] = pn;
+            else if (r->sr) r->bits[i] = bnb8_f32_to_bf16(pn);   // a bf16 value already: exact
             else bnb8_master_store(r->bits, BNB8_BF16, r->corr, 1, i, pn);
             memcpy(s, sn, sizeof s);
         }
@@ -412,11 +451,12 @@ static void ref4_step(ref4 *r, const float *g, float lr, float gnorm_scale) {
             }
             for (int64_t i = 0; i < r->n; i++) {
                 float a = fminf(r->scale[k][i / r->cols], r->scale[k][r->rows + i % r->cols]);
-                r->code[k][i] = ref_code(sg, fresh[k][i], a);
-                // The dequantized state lies within half the map's spacing (1/32) of the value it came
-                // from, or below the first level (1/16) for values under it: in double, with a float's slack.
-                double x = fresh[k][i], e = fabs((double)ref_map[0][r->code[k][i]] * a - x);
-                double bound = (x < a / 16.0 ? a / 16.0 : a / 32.0) + ldexp(a, -22);
+                r->code[k][i] = ref_code(r->map[k], fresh[k][i], a);
+                // The dequantized state lies within half the map's spacing (1/32, or 1/30 with zero) of the
+                // value it came from, or below the first level (1/16) for values under it: in double,
+                // with a float's slack.
+                double x = fresh[k][i], e = fabs((double)ref_map[r->map[k]][r->code[k][i]] * a - x);
+                double bound = (r->map[k] == MAP_ZERO ? a / 30.0 : x < a / 16.0 ? a / 16.0 : a / 32.0) + ldexp(a, -22);
                 EXPECT(e <= bound, "rank-1 state %d [%lld]: %.9g decodes %.3g away (scale %.9g)", k, (long long)i, x, e, (double)a);
             }
         } else {
@@ -425,7 +465,7 @@ static void ref4_step(ref4 *r, const float *g, float lr, float gnorm_scale) {
                 float amax = 0.0f;
                 for (int64_t i = b0; i < b0 + B && i < r->n; i++) amax = fmaxf(amax, fabsf(fresh[k][i]));
                 r->scale[k][b0 / B] = amax;
-                for (int64_t i = b0; i < b0 + B && i < r->n; i++) r->code[k][i] = ref_code(sg, fresh[k][i], amax);
+                for (int64_t i = b0; i < b0 + B && i < r->n; i++) r->code[k][i] = ref_code(r->map[k], fresh[k][i], amax);
             }
         }
         free(fresh[k]);
@@ -443,21 +483,28 @@ static int64_t lib4_compare(bnb8_optimizer *opt, const ref4 *r, const void *weig
     remove(path);
     EXPECT(f != NULL, "%s: save: %s", label, bnb8_last_error());
     if (!f) return 1;
-    int sg_pad[3], cb = r->pdt == BNB8_F32 ? 0 : 1;
+    // the correction's bytes per element, and the format word's field of the master (0x80: stochastic rounding)
+    int sg_pad[3], cb = r->pdt == BNB8_F32 || r->sr ? 0 : 1, master = r->sr ? 0x80 : cb;
     int64_t n = r->n, mism = 0;
     size_t ssize = r->c.format == BNB8_STATE_FLASH4 ? bnb8_dtype_size(r->c.scale_dtype) : 4, at = 24, nb = (size_t)(n + 1) / 2;
-    uint32_t name_len, format, nstates;
+    uint32_t version, name_len, format, nstates;
     int64_t fn, block, step;
-    uint64_t bytes;
+    uint64_t bytes, seed = 0;
+    memcpy(&version, f + 8, 4);
     memcpy(&name_len, f + at, 4); at += 4 + name_len;
-    memcpy(&fn, f + at, 8); memcpy(&format, f + at + 8, 4); memcpy(&nstates, f + at + 12, 4);
-    memcpy(&block, f + at + 16, 8); memcpy(&step, f + at + 24, 8); memcpy(&bytes, f + at + 32, 8);
-    at += 40;
-    uint32_t want_format = (uint32_t)r->c.format | (r->c.format == BNB8_STATE_FLASH4 ? (uint32_t)r->c.scale_dtype << 8 : 0u) |
-                           (uint32_t)cb << 16 | (uint32_t)r->pdt << 24;
+    memcpy(&fn, f + at, 8); at += version >= 3 ? 24 : 8;   // versions 3, 4: the shard's offset and total
+    memcpy(&format, f + at, 4); memcpy(&nstates, f + at + 4, 4); memcpy(&block, f + at + 8, 8); memcpy(&step, f + at + 16, 8);
+    at += 24;
+    if (version >= 4) { memcpy(&seed, f + at, 8); at += 8; }   // the rounding's seed
+    memcpy(&bytes, f + at, 8);
+    at += 8;
+    uint32_t want_format = (uint32_t)r->c.format | (uint32_t)(r->c.format == BNB8_STATE_FLASH4 ? r->c.scale_dtype : r->c.map) << 8 |
+                           (uint32_t)master << 16 | (uint32_t)r->pdt << 24;
     int64_t want_block = r->c.format == BNB8_STATE_FLASH4 ? 32 : r->c.blocksize + r->cols * 65536;
     uint64_t want_bytes = (uint64_t)n * (uint64_t)(cb + bnb8_dtype_size(r->pdt));
     for (int k = 0; k < r->nstates; k++) want_bytes += nb + ssize * (uint64_t)ref_nscales(r, k);
+    EXPECT(version == (r->sr ? 4u : 2u) && seed == (r->sr ? r->c.seed : 0), "%s: file version %u, seed %llx", label, version,
+           (unsigned long long)seed);
     EXPECT(fn == n && format == want_format && nstates == (uint32_t)r->nstates && block == want_block && step == r->t &&
            bytes == want_bytes && at + bytes + 4 == size,
            "%s: record n %lld format 0x%x states %u block %lld step %lld bytes %llu; expected %lld 0x%x %d %lld %lld %llu",
@@ -477,7 +524,7 @@ static int64_t lib4_compare(bnb8_optimizer *opt, const ref4 *r, const void *weig
                    (double)v, (double)r->scale[k][j]);
         }
         d += ssize * (size_t)ref_nscales(r, k);
-        sg_pad[k] = r->c.format == BNB8_STATE_4BIT && ref_signed(r->kind, k) ? 7 : 0;
+        sg_pad[k] = r->c.format == BNB8_STATE_4BIT && r->map[k] == MAP_SIGNED ? 7 : 0;
     }
     const uint8_t *corr = d;
     d += (size_t)(n * cb);
@@ -492,7 +539,7 @@ static int64_t lib4_compare(bnb8_optimizer *opt, const ref4 *r, const void *weig
     }
     for (int64_t i = 0; i < n && mism < 5; i++) {
         int ok = r->pdt == BNB8_F32 ? memcmp((const float *)weights + i, &r->p[i], 4) == 0
-               : ((const uint16_t *)weights)[i] == r->bits[i] && (int8_t)corr[i] == r->corr[i];
+               : ((const uint16_t *)weights)[i] == r->bits[i] && (cb == 0 || (int8_t)corr[i] == r->corr[i]);
         mism += !ok;
         EXPECT(ok, "%s step %lld [%lld]: the weight differs from the reference's (%.9g)", label, (long long)r->t, (long long)i,
                (double)ref4_master(r, i));
@@ -516,7 +563,7 @@ static void four_grad(float *g, int64_t n, int step, test_rng *rng) {
 static void four_run(bnb8_optim kind, bnb8_config c, int64_t n, bnb8_dtype pdt, int steps, const char *label) {
     test_rng rng = test_rng_new();
     c.min_8bit_size = 0;
-    if (pdt != BNB8_F32) c.correction_bytes = 1;
+    if (pdt != BNB8_F32 && c.correction_bytes != BNB8_CORRECTION_STOCHASTIC) c.correction_bytes = 1;
     float *p0 = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
     void *w = malloc(sizeof(float) * (size_t)n);
     for (int64_t i = 0; i < n; i++) {
@@ -589,6 +636,50 @@ static void test_four_steps(void) {
     c = four_cfg(BNB8_LARS, BNB8_STATE_4BIT);
     c.max_unorm = 0.0f;
     four_run(BNB8_LARS, c, 515, BNB8_F32, 4, "4-bit lars without a trust ratio");
+}
+
+// The second moment's map with zero (cfg.map linear, the zero-point ablation): every kind with a
+// non-negative state, blocks and rank-1, fp32 weights and bf16 + int8; the signed states keep theirs.
+static void test_four_zero_map(void) {
+    const bnb8_optim kinds[] = {BNB8_ADAMW, BNB8_ADAM, BNB8_RMSPROP, BNB8_ADAGRAD, BNB8_LAMB, BNB8_ADEMAMIX, BNB8_SGD};
+    char label[96];
+    for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++) {
+        bnb8_config c = four_cfg(kinds[j], BNB8_STATE_4BIT);
+        c.map = BNB8_MAP_LINEAR;
+        snprintf(label, sizeof label, "4-bit %s, v's map with zero", kind_label(kinds[j]));
+        four_run(kinds[j], c, 128 * 5 + 37, BNB8_F32, 6, label);
+    }
+    bnb8_config c = four_cfg(BNB8_ADAMW, BNB8_STATE_4BIT);
+    c.map = BNB8_MAP_LINEAR;
+    c.row_size = 29;
+    four_run(BNB8_ADAMW, c, 29 * 37, BNB8_F32, 5, "rank-1 adamw 37x29, v's map with zero");
+    c.row_size = 0;
+    four_run(BNB8_ADAMW, c, 700, BNB8_BF16, 5, "4-bit adamw, v's map with zero, bf16 + int8 correction");
+}
+
+// 4-bit and flash4 states with bf16 weights rounded stochastically (no master): the reference rounds
+// each step's fp32 result with test_round.c's own hash and neighbours; blocks, rank-1, v's map with
+// zero, every kind with a flash form, and a seed of all ones.
+static void test_four_stochastic(void) {
+    const bnb8_optim kinds[] = {BNB8_ADAMW, BNB8_ADAM, BNB8_SGD, BNB8_LION, BNB8_RMSPROP, BNB8_ADEMAMIX};
+    char label[96];
+    for (size_t j = 0; j < sizeof kinds / sizeof kinds[0]; j++)
+        for (int f = 0; f < 2; f++) {
+            if (f && (kinds[j] == BNB8_RMSPROP || kinds[j] == BNB8_ADEMAMIX)) continue;   // flash4: kinds with a flash form
+            bnb8_config c = four_cfg(kinds[j], f ? BNB8_STATE_FLASH4 : BNB8_STATE_4BIT);
+            c.correction_bytes = BNB8_CORRECTION_STOCHASTIC;
+            c.seed = 0x1234567u + j;
+            snprintf(label, sizeof label, "%s %s, stochastic rounding", f ? "flash4" : "4-bit", kind_label(kinds[j]));
+            four_run(kinds[j], c, 128 * 5 + 37, BNB8_BF16, 6, label);
+        }
+    bnb8_config c = four_cfg(BNB8_ADAMW, BNB8_STATE_4BIT);
+    c.correction_bytes = BNB8_CORRECTION_STOCHASTIC;
+    c.seed = UINT64_MAX;
+    c.row_size = 50;
+    four_run(BNB8_ADAMW, c, 50 * 21, BNB8_BF16, 5, "rank-1 adamw 21x50, stochastic rounding");
+    c.row_size = 0;
+    c.map = BNB8_MAP_LINEAR;
+    four_run(BNB8_ADAMW, c, 1001, BNB8_BF16, 5, "4-bit adamw, v's map with zero, stochastic rounding");
 }
 
 // Rank-1 normalization of the non-negative state, every kind that has one, on several shapes.
@@ -664,7 +755,10 @@ static void resume_case(bnb8_config c, bnb8_dtype pdt, const char *label) {
     }
     char mid[256], end_a[256], end_b[256];
     fpath(mid, sizeof mid, "mid.bin"); fpath(end_a, sizeof end_a, "end_a.bin"); fpath(end_b, sizeof end_b, "end_b.bin");
-    bnb8_optimizer *a = four_make(BNB8_ADAMW, c, n, pdt, p0, wa, g), *b = four_make(BNB8_ADAMW, c, n, pdt, p0, wb, g);
+    // Under stochastic rounding the resumed optimizer is made with another seed: the file's must win.
+    bnb8_config cb = c;
+    if (c.correction_bytes == BNB8_CORRECTION_STOCHASTIC) cb.seed = c.seed ^ 0x5555u;
+    bnb8_optimizer *a = four_make(BNB8_ADAMW, c, n, pdt, p0, wa, g), *b = four_make(BNB8_ADAMW, cb, n, pdt, p0, wb, g);
     for (int s = 0; s < 7 && a; s++) {
         memcpy(g, grads[s], sizeof(float) * (size_t)n);
         EXPECT(bnb8_optimizer_step(a, 1e-3f, 1.0f, NULL) == BNB8_OK, "%s: step", label);
@@ -682,21 +776,25 @@ static void resume_case(bnb8_config c, bnb8_dtype pdt, const char *label) {
     EXPECT(memcmp(wa, wb, bnb8_dtype_size(pdt) * (size_t)n) == 0, "%s: the resumed run's weights differ", label);
     free(fa); free(fb);
     // Files of another layout are refused with a message that names it.
-    bnb8_config other[3] = {c, c, c};
-    const char *names[3] = {"block size", "row size", "format"};
+    bnb8_config other[4] = {c, c, c, c};
+    const char *names[4] = {"block size", "row size", "format", "map"};
+    const char *words[4] = {"blocks of 128", "row_size 50", "", c.map == BNB8_MAP_LINEAR ? "4-bit linear map" : "4-bit dynamic map"};
     other[0].blocksize = c.format == BNB8_STATE_4BIT ? 256 : c.blocksize;
     other[1].row_size = c.row_size ? 42 : 0;
     other[2].format = c.format == BNB8_STATE_FLASH4 ? BNB8_STATE_4BIT : BNB8_STATE_FLASH4;
     other[2].row_size = 0;
-    if (other[2].format == BNB8_STATE_4BIT) other[2].correction_bytes = pdt == BNB8_F32 ? 0 : 1;
-    for (int j = 0; j < 3; j++) {
-        if (j == 0 && c.format != BNB8_STATE_4BIT) continue;
+    other[2].map = BNB8_MAP_DYNAMIC;
+    if (other[2].format == BNB8_STATE_4BIT && c.correction_bytes != BNB8_CORRECTION_STOCHASTIC)
+        other[2].correction_bytes = pdt == BNB8_F32 ? 0 : 1;
+    other[3].map = c.map == BNB8_MAP_LINEAR ? BNB8_MAP_DYNAMIC : BNB8_MAP_LINEAR;
+    for (int j = 0; j < 4; j++) {
+        if ((j == 0 || j == 3) && c.format != BNB8_STATE_4BIT) continue;
         if (j == 1 && !c.row_size) continue;
         bnb8_optimizer *o = four_make(BNB8_ADAMW, other[j], n, pdt, p0, wb, g);
         int status = o ? bnb8_optimizer_load(o, mid) : BNB8_OK;
         const char *msg = bnb8_last_error();
         EXPECT(status == BNB8_ERR_FORMAT, "%s: a file of another %s loaded (%d)", label, names[j], status);
-        EXPECT(j == 2 || strstr(msg, j == 0 ? "blocks of 128" : "row_size 50"), "%s, another %s: message '%s'", label, names[j], msg);
+        EXPECT(strstr(msg, words[j]), "%s, another %s: message '%s'", label, names[j], msg);
         bnb8_optimizer_free(o);
     }
     bnb8_optimizer_free(a);
@@ -714,6 +812,19 @@ static void test_four_resume(void) {
     resume_case(c, BNB8_BF16, "4-bit rank-1, bf16 + int8");
     c = four_cfg(BNB8_ADAMW, BNB8_STATE_FLASH4);
     resume_case(c, BNB8_BF16, "flash4, bf16 + int8");
+    c = four_cfg(BNB8_ADAMW, BNB8_STATE_4BIT);
+    c.map = BNB8_MAP_LINEAR;
+    resume_case(c, BNB8_F32, "4-bit, v's map with zero");
+    c.map = BNB8_MAP_DYNAMIC;
+    c.correction_bytes = BNB8_CORRECTION_STOCHASTIC;
+    c.seed = 77;
+    resume_case(c, BNB8_BF16, "4-bit, stochastic rounding");
+    c.row_size = 50;
+    resume_case(c, BNB8_BF16, "4-bit rank-1, stochastic rounding");
+    c = four_cfg(BNB8_ADAMW, BNB8_STATE_FLASH4);
+    c.correction_bytes = BNB8_CORRECTION_STOCHASTIC;
+    c.seed = 78;
+    resume_case(c, BNB8_BF16, "flash4, stochastic rounding");
 }
 
 // bnb8_optimizer_memory against a hand count (DESIGN.md §5.7): per state half a byte per value (an
@@ -752,9 +863,10 @@ static void test_four_memory(void) {
 }
 
 // What cannot work is refused, naming the field: rank-1 outside the 4-bit format or without a
-// non-negative state, a size that is no matrix of its rows, a shard of a rank-1 tensor, maps and one
-// absmax per tensor for 4-bit states, flash4 for the kinds without a flash form, a changed row_size
-// after the add. A shard of 4-bit states steps as its part of the whole tensor.
+// non-negative state, a size that is no matrix of its rows, a shard of a rank-1 tensor, an unknown
+// map, a map for flash4, one absmax per tensor for 4-bit states, flash4 for the kinds without a flash
+// form, a changed row_size or map after the add, stochastic rounding of fp32 weights. A shard of
+// 4-bit states steps as its part of the whole tensor.
 static void test_four_misuse(void) {
     struct { bnb8_optim kind; bnb8_state_format format; int64_t row_size, blocksize; int map; const char *word; } bad[] = {
         {BNB8_ADAMW, BNB8_STATE_8BIT, 64, 256, 0, "row_size"},
@@ -764,8 +876,8 @@ static void test_four_misuse(void) {
         {BNB8_ADAMW, BNB8_STATE_4BIT, -1, 128, 0, "row_size"},
         {BNB8_ADAMW, BNB8_STATE_4BIT, 0, 0, 0, "blocksize 0"},
         {BNB8_ADAMW, BNB8_STATE_4BIT, 0, 100, 0, "blocksize"},
-        {BNB8_ADAMW, BNB8_STATE_4BIT, 0, 128, BNB8_MAP_LINEAR, "map"},
-        {BNB8_ADAMW, BNB8_STATE_FLASH4, 0, 128, BNB8_MAP_LINEAR, "map"},
+        {BNB8_ADAMW, BNB8_STATE_4BIT, 0, 128, 2, "unknown map"},
+        {BNB8_ADAMW, BNB8_STATE_FLASH4, 0, 128, BNB8_MAP_LINEAR, "flash4 states have companded codes"},
         {BNB8_RMSPROP, BNB8_STATE_FLASH4, 0, 128, 0, "flash4"},
     };
     for (size_t j = 0; j < sizeof bad / sizeof bad[0]; j++) {
@@ -798,6 +910,18 @@ static void test_four_misuse(void) {
     changed.row_size = 200;
     EXPECT(bnb8_optimizer_override(opt, "m", &changed) == BNB8_ERR_ARG && strstr(bnb8_last_error(), "row_size"),
            "row_size changed after the add: %s", bnb8_last_error());
+    changed = c;
+    changed.map = BNB8_MAP_LINEAR;
+    EXPECT(bnb8_optimizer_override(opt, "m", &changed) == BNB8_ERR_ARG && strstr(bnb8_last_error(), "map"),
+           "the map changed after the add: %s", bnb8_last_error());
+    bnb8_optimizer_free(opt);
+    // 4-bit states round fp32 weights no more than other states: nothing to round, refused at the add.
+    bnb8_config sr = four_cfg(BNB8_ADAMW, BNB8_STATE_4BIT);
+    sr.correction_bytes = BNB8_CORRECTION_STOCHASTIC;
+    opt = NULL;
+    EXPECT(bnb8_optimizer_create(&opt, BNB8_ADAMW, &sr) == BNB8_OK &&
+           bnb8_optimizer_add(opt, "fp32 w", p, BNB8_F32, g, BNB8_F32, 4096, NULL) == BNB8_ERR_DTYPE &&
+           strstr(bnb8_last_error(), "'fp32 w' has fp32 weights"), "4-bit, stochastic rounding of fp32 weights: %s", bnb8_last_error());
     bnb8_optimizer_free(opt);
     // Two shards of 4-bit states stepped apart give the whole tensor's weights; one that splits a block is refused.
     c.row_size = 0;
@@ -840,67 +964,68 @@ static void test_four_misuse(void) {
 // 0) is bounded by what the stored scales allow: with m_old at most a_m, v_old at least a_v / 16,
 //   |dp| <= step_size (beta1 a_m + (1 - beta1) |g|) / (sqrt(beta2 a_v / 16) / sqrt(bc2) + eps).
 // The library holds every element under that bound (less the float rounding of the stored weight,
-// half an ulp of it, and 1e-5 for the float evaluation of the update); the same run with v's codes on the linear map
-// with zero (i/15, simulated here in float) exceeds it by more than 1000x.
+// half an ulp of it, and 1e-5 for the float evaluation of the update); the same run with v's map
+// with zero (cfg.map linear, c/15: its codes checked against the reference in test_four_zero_map)
+// exceeds its own bound by more than 1000x: the ablation shows the problem.
+static void zero_point_scales(bnb8_optimizer *opt, int64_t blocks, float *am, float *av) {
+    char path[256];
+    fpath(path, sizeof path, "zero.bin");
+    size_t size = 0;
+    uint8_t *f = bnb8_optimizer_save(opt, path) == 0 ? test_slurp(path, &size) : NULL;
+    remove(path);
+    EXPECT(f && size > 24 + 4 + 1 + 40 + 8 * (size_t)blocks, "save: %s", bnb8_last_error());
+    if (!f) return;
+    size_t at = 24 + 4 + 1 + 40;   // header, name length, the name "w", the fields
+    memcpy(am, f + at, 4 * (size_t)blocks);
+    memcpy(av, f + at + 4 * (size_t)blocks, 4 * (size_t)blocks);
+    free(f);
+}
+
 static void test_zero_point(void) {
-    const int64_t B = 128, n = 64 * B;
+    const int64_t B = 128, n = 64 * B, blocks = n / B;
     bnb8_config c = four_cfg(BNB8_ADAMW, BNB8_STATE_4BIT);
     c.min_8bit_size = 0;
     c.weight_decay = 0.0f;
     test_rng rng = test_rng_new();
-    float *p = malloc(sizeof(float) * (size_t)n), *before = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
-    float *am = calloc((size_t)n / B, sizeof(float)), *av = calloc((size_t)n / B, sizeof(float));
-    float *m = calloc((size_t)n, sizeof(float)), *v = calloc((size_t)n, sizeof(float));   // the simulation's, dequantized
-    for (int64_t i = 0; i < n; i++) p[i] = (float)(0.1 * test_randn(&rng));
-    bnb8_optimizer *opt = four_make(BNB8_ADAMW, c, n, BNB8_F32, p, p, g);
-    double worst_lib = 0.0, worst_zero = 0.0;
-    for (int t = 1; opt && t <= 8; t++) {
+    float *p0 = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n), *p[2], *before[2], *am[2], *av[2];
+    bnb8_optimizer *opt[2];
+    for (int64_t i = 0; i < n; i++) p0[i] = (float)(0.1 * test_randn(&rng));
+    for (int z = 0; z < 2; z++) {   // z = 1: v's map with zero
+        bnb8_config cz = c;
+        cz.map = z ? BNB8_MAP_LINEAR : BNB8_MAP_DYNAMIC;
+        p[z] = malloc(sizeof(float) * (size_t)n);
+        before[z] = malloc(sizeof(float) * (size_t)n);
+        am[z] = calloc((size_t)blocks, sizeof(float));
+        av[z] = calloc((size_t)blocks, sizeof(float));
+        opt[z] = four_make(BNB8_ADAMW, cz, n, BNB8_F32, p0, p[z], g);
+    }
+    double worst[2] = {0.0, 0.0};
+    for (int t = 1; opt[0] && opt[1] && t <= 8; t++) {
         for (int64_t i = 0; i < n; i++)
             g[i] = i % B == 0 ? (float)test_randn(&rng) : (t % 2 == 0 && i % 2) ? 0.0f : (float)(0.05 * test_randn(&rng));
-        memcpy(before, p, sizeof(float) * (size_t)n);
-        EXPECT(bnb8_optimizer_step(opt, 1e-3f, 1.0f, NULL) == BNB8_OK, "step: %s", bnb8_last_error());
         double bc1 = 1.0 - pow(c.beta1, t), bc2 = 1.0 - pow(c.beta2, t), step_size = 1e-3 / bc1;
-        for (int64_t i = 0; i < n && t > 1; i++) {
-            int64_t b = i / B;
-            double bound = step_size * (c.beta1 * am[b] + (1.0 - c.beta1) * fabs(g[i])) /
-                           (sqrt(c.beta2 * av[b] / 16.0) / sqrt(bc2) + c.eps);
-            // the stored weight is the update rounded to float: up to half an ulp of p beyond it
-            double rounding = ldexp(fmax(fabs((double)p[i]), fabs((double)before[i])), -24);
-            worst_lib = fmax(worst_lib, fmax(fabs((double)p[i] - before[i]) - rounding, 0.0) / bound);
-            // The simulation: m and v from their dequantized values, v's codes then on i/15.
-            float mn = c.beta1 * m[i] + (float)(1.0 - c.beta1) * g[i], vn = c.beta2 * v[i] + (float)(1.0 - c.beta2) * (g[i] * g[i]);
-            double u = mn / (sqrt(vn) / sqrt(bc2) + c.eps);
-            worst_zero = fmax(worst_zero, step_size * fabs(u) / bound);
-            m[i] = mn; v[i] = vn;
-        }
-        for (int64_t b = 0; b < n / B; b++) {   // the library's scales after the step, from its state file
-            float mm = 0.0f, vm = 0.0f;
-            for (int64_t i = b * B; i < (b + 1) * B; i++) {
-                float mn = t == 1 ? (float)(1.0 - c.beta1) * g[i] : m[i], vn = t == 1 ? (float)(1.0 - c.beta2) * (g[i] * g[i]) : v[i];
-                m[i] = mn; v[i] = vn;
-                mm = fmaxf(mm, fabsf(mn)); vm = fmaxf(vm, vn);
+        for (int z = 0; z < 2; z++) {
+            memcpy(before[z], p[z], sizeof(float) * (size_t)n);
+            EXPECT(bnb8_optimizer_step(opt[z], 1e-3f, 1.0f, NULL) == BNB8_OK, "step: %s", bnb8_last_error());
+            for (int64_t i = 0; i < n && t > 1; i++) {
+                int64_t b = i / B;
+                double bound = step_size * (c.beta1 * am[z][b] + (1.0 - c.beta1) * fabs(g[i])) /
+                               (sqrt(c.beta2 * av[z][b] / 16.0) / sqrt(bc2) + c.eps);
+                // the stored weight is the update rounded to float: up to half an ulp of p beyond it
+                double rounding = ldexp(fmax(fabs((double)p[z][i]), fabs((double)before[z][i])), -24);
+                worst[z] = fmax(worst[z], fmax(fabs((double)p[z][i] - before[z][i]) - rounding, 0.0) / bound);
             }
-            for (int64_t i = b * B; i < (b + 1) * B; i++) {   // requantized: m on the 4-bit dynamic map, v on i/15
-                m[i] = ref_map[1][ref_code(1, m[i], mm)] * mm;
-                v[i] = vm > 0.0f ? (float)(floor(v[i] / vm * 15.0f + 0.5f) / 15.0) * vm : 0.0f;
-            }
+            zero_point_scales(opt[z], blocks, am[z], av[z]);   // the scales after the step
         }
-        char path[256];
-        fpath(path, sizeof path, "zero.bin");
-        size_t size = 0;
-        uint8_t *f = bnb8_optimizer_save(opt, path) == 0 ? test_slurp(path, &size) : NULL;
-        remove(path);
-        if (!f) break;
-        size_t at = 24 + 4 + 1 + 40;   // header, name length, the name "w", the fields
-        memcpy(am, f + at, 4 * (size_t)(n / B));
-        memcpy(av, f + at + 4 * (size_t)(n / B), 4 * (size_t)(n / B));
-        free(f);
     }
-    if (verbose) printf("    zero point: library %.3g of the bound, a map with zero %.3g\n", worst_lib, worst_zero);
-    EXPECT(worst_lib > 0.0 && worst_lib <= 1.0 + 1e-5, "the library's updates reach %.6g of the bound", worst_lib);
-    EXPECT(worst_zero > 1000.0, "a map with zero reaches only %.3g of the bound", worst_zero);
-    bnb8_optimizer_free(opt);
-    free(p); free(before); free(g); free(am); free(av); free(m); free(v);
+    if (verbose) printf("    zero point: library %.3g of the bound, v's map with zero %.3g\n", worst[0], worst[1]);
+    EXPECT(worst[0] > 0.0 && worst[0] <= 1.0 + 1e-5, "the library's updates reach %.6g of the bound", worst[0]);
+    EXPECT(worst[1] > 1000.0, "v's map with zero reaches only %.3g of the bound", worst[1]);
+    for (int z = 0; z < 2; z++) {
+        bnb8_optimizer_free(opt[z]);
+        free(p[z]); free(before[z]); free(am[z]); free(av[z]);
+    }
+    free(p0); free(g);
 }
 
 // 4-bit AdamW free running against 32-bit AdamW (§12's run: p = 0.1 randn, g = 0.01 randn, 100 steps,
@@ -952,11 +1077,13 @@ void tests_four(void) {
     test_run("four: flash4 codes against their definition and brute force", test_compand4);
     test_run("four: 4-bit optimizers against a reference loop, every kind", test_four_steps);
     test_run("four: rank-1 4-bit states against a brute-force reference", test_four_rank1);
+    test_run("four: v's map with zero (cfg.map linear) against a reference loop", test_four_zero_map);
+    test_run("four: 4-bit and flash4 states with stochastic rounding against a reference loop", test_four_stochastic);
     test_run("four: flash4 optimizers against a reference loop", test_flash4_steps);
     test_run("four: save, load, continue is bit-exact; other layouts are refused", test_four_resume);
     test_run("four: memory of 4-bit states against a hand count", test_four_memory);
     test_run("four: misuse refused; shards of 4-bit states", test_four_misuse);
-    test_run("four: the zero-excluding map bounds every update (zero-point problem)", test_zero_point);
+    test_run("four: the zero-excluding map bounds every update, the map with zero does not (zero-point problem)", test_zero_point);
     test_run("four: 4-bit AdamW within a derived distance of 32-bit AdamW", test_four_vs_32bit);
     test_remove_tree(fdir, 1);
 }

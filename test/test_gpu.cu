@@ -951,11 +951,14 @@ static void test_stochastic_parity(void) {
 }
 
 // 4-bit states (DESIGN.md §5.7): block-wise 4-bit and flash4 for AdamW, Adam, SGD (momentum, nesterov)
-// and Lion on f32 weights and on bf16 / f16 weights with int8, int16 and fp32 masters, sizes 1 and odd
-// ones (the pad nibble); blocks of 64 and of 4096 (4-row chunks); "t3" 32-bit beside them. Then rank-1
-// normalization (AdamW, Adam): every tensor a matrix (1 x 1, 15 x 17, 257 x 1, 17 x 241, 1000 x 1001),
-// with t1 8-bit with one absmax per tensor and t2 block-wise 4-bit in the same launches: the two
-// passes of both kinds and the single launch at once. 100 steps: GPU equals CPU bit for bit.
+// and Lion on f32 weights and on bf16 / f16 weights with int8, int16 and fp32 masters, and with no
+// master, rounded stochastically (FLASH mode 5, DESIGN.md §6.6), sizes 1 and odd ones (the pad
+// nibble); blocks of 64 and of 4096 (4-row chunks); v's map with zero (cfg.map linear); "t3" 32-bit
+// beside them; a 4-bit tensor rounded stochastically beside int8-corrected ones (two launches, modes 3
+// and 5). Then rank-1 normalization (AdamW, Adam): every tensor a matrix (1 x 1, 15 x 17, 257 x 1, 17
+// x 241, 1000 x 1001), with t1 8-bit with one absmax per tensor and t2 block-wise 4-bit in the same
+// launches: the two passes of both kinds and the single launch at once; f32 weights, bf16 + int8, bf16
+// rounded stochastically, and v's map with zero. 100 steps: GPU equals CPU bit for bit.
 static const int64_t four_rows[5] = {1, 15, 257, 17, 1000}, four_cols[5] = {1, 17, 1, 241, 1001};
 static void four_rank1_overrides(bnb8_optimizer *opt, const bnb8_config &cfg) {
     for (int i = 0; i < 5; i++) {
@@ -970,18 +973,30 @@ static void four_rank1_overrides(bnb8_optimizer *opt, const bnb8_config &cfg) {
 }
 static void test_four_parity(void) {
     std::vector<int64_t> sizes = {1, 255, 257, 4097, largest()};
-    typedef struct { bnb8_optim kind; int nesterov; bnb8_state_format format; bnb8_dtype pdtype, gdtype; int correction; int64_t blocksize; } four_case;
+    const int SR = BNB8_CORRECTION_STOCHASTIC;
+    typedef struct {
+        bnb8_optim kind; int nesterov; bnb8_state_format format; bnb8_dtype pdtype, gdtype; int correction; int64_t blocksize;
+        bnb8_map map; int t1_int8;   // t1_int8: "t1" keeps an int8 correction beside tensors rounded stochastically
+    } four_case;
     std::vector<four_case> cases;
     const bnb8_optim kinds[5] = {BNB8_ADAMW, BNB8_ADAM, BNB8_SGD, BNB8_SGD, BNB8_LION};
     for (bnb8_state_format f : {BNB8_STATE_4BIT, BNB8_STATE_FLASH4})
         for (int k = 0; k < 5; k++) {
-            cases.push_back({kinds[k], k == 3, f, BNB8_F32, BNB8_F32, 0, 128});
-            cases.push_back({kinds[k], k == 3, f, BNB8_BF16, BNB8_BF16, 1, 128});
+            cases.push_back({kinds[k], k == 3, f, BNB8_F32, BNB8_F32, 0, 128, BNB8_MAP_DYNAMIC, 0});
+            cases.push_back({kinds[k], k == 3, f, BNB8_BF16, BNB8_BF16, 1, 128, BNB8_MAP_DYNAMIC, 0});
+            cases.push_back({kinds[k], k == 3, f, BNB8_BF16, BNB8_BF16, SR, 128, BNB8_MAP_DYNAMIC, 0});
         }
-    for (int cb : {0, 2, 4}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_4BIT, BNB8_F16, BNB8_BF16, cb, 128});
-    for (int cb : {0, 4}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_FLASH4, BNB8_BF16, BNB8_F32, cb, 128});
-    for (int64_t b : {64, 4096}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, b});
-    const char *corr_names[5] = {"none", "int8", "int16", "?", "fp32"};
+    for (int cb : {0, 2, 4, SR}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_4BIT, BNB8_F16, BNB8_BF16, cb, 128, BNB8_MAP_DYNAMIC, 0});
+    for (int cb : {0, 4, SR}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_FLASH4, BNB8_BF16, BNB8_F32, cb, 128, BNB8_MAP_DYNAMIC, 0});
+    for (int64_t b : {64, 4096})
+        for (int cb : {1, SR}) cases.push_back({BNB8_ADAMW, 0, BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, cb, b, BNB8_MAP_DYNAMIC, 0});
+    for (bnb8_optim kind : {BNB8_ADAMW, BNB8_ADAM}) {   // v's map with zero
+        cases.push_back({kind, 0, BNB8_STATE_4BIT, BNB8_F32, BNB8_F32, 0, 128, BNB8_MAP_LINEAR, 0});
+        cases.push_back({kind, 0, BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, 128, BNB8_MAP_LINEAR, 0});
+        cases.push_back({kind, 0, BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, SR, 128, BNB8_MAP_LINEAR, 0});
+    }
+    for (bnb8_state_format f : {BNB8_STATE_4BIT, BNB8_STATE_FLASH4})   // a launch of each rounding
+        cases.push_back({BNB8_ADAMW, 0, f, BNB8_BF16, BNB8_BF16, SR, 128, BNB8_MAP_DYNAMIC, 1});
     for (const four_case &c : cases) {
         bnb8_config cfg = bnb8_config_default(c.kind);
         cfg.format = c.format;
@@ -990,35 +1005,49 @@ static void test_four_parity(void) {
         cfg.weight_decay = 0.01f;
         cfg.nesterov = c.nesterov;
         cfg.correction_bytes = c.correction;
+        cfg.map = c.map;
+        cfg.seed = test_u64(&rng);
         cfg.sum_squares = 1;
+        bnb8_config int8 = cfg;
+        int8.correction_bytes = 1;
         int equal = 0;
-        double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3");
+        double worst = optimizer_parity(c.kind, cfg, c.pdtype, c.gdtype, sizes, steps(100), &equal, "t3", NULL, 1, 0.1f, 0, 0.0f,
+                                        0.01f, c.t1_int8 ? &int8 : NULL);
         const char *name = flash_kind_name(c.kind, c.nesterov), *fmt = c.format == BNB8_STATE_4BIT ? "4-bit" : "flash4";
-        const char *corr = c.pdtype == BNB8_F32 ? "-" : corr_names[c.correction];
-        printf("    %-12s %-6s block %-4lld p %-4s g %-4s master %-5s: %s\n", name, fmt, (long long)c.blocksize, dtype_name(c.pdtype),
-               dtype_name(c.gdtype), corr, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
-        EXPECT(worst == 0.0 && equal, "%s %s block %lld p %s g %s master %s: params differ by %g rel, states or exports %s", name, fmt,
-               (long long)c.blocksize, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, worst, equal ? "equal" : "differ");
+        const char *corr = c.pdtype == BNB8_F32 ? "-" : c.correction == SR ? (c.t1_int8 ? "sr, t1 int8" : "sr")
+                         : c.correction == 0 ? "none" : c.correction == 1 ? "int8" : c.correction == 2 ? "int16" : "fp32";
+        const char *map = c.map == BNB8_MAP_LINEAR ? ", v's map with zero" : "";
+        printf("    %-12s %-6s block %-4lld p %-4s g %-4s master %-11s%s: %s\n", name, fmt, (long long)c.blocksize,
+               dtype_name(c.pdtype), dtype_name(c.gdtype), corr, map, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "%s %s block %lld p %s g %s master %s%s: params differ by %g rel, states or exports %s", name,
+               fmt, (long long)c.blocksize, dtype_name(c.pdtype), dtype_name(c.gdtype), corr, map, worst, equal ? "equal" : "differ");
     }
     std::vector<int64_t> matrices;
     for (int i = 0; i < 5; i++) matrices.push_back(four_rows[i] * four_cols[i]);
+    // d: f32 weights, bf16 + int8, bf16 rounded stochastically (the passes in mode 5); and each with
+    // v's map with zero (the 8-bit t1 then on the linear 8-bit map: the optimizer's, as the GPU needs)
+    const char *weights[3] = {"f32", "bf16 + int8", "bf16 sr"};
     for (bnb8_optim kind : {BNB8_ADAMW, BNB8_ADAM})
-        for (int d = 0; d < 2; d++) {
-            bnb8_config cfg = bnb8_config_default(kind);
-            cfg.format = BNB8_STATE_4BIT;
-            cfg.blocksize = 128;
-            cfg.min_8bit_size = 0;
-            cfg.weight_decay = 0.01f;
-            cfg.correction_bytes = d;
-            cfg.sum_squares = 1;
-            int equal = 0;
-            double worst = optimizer_parity(kind, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, matrices, steps(100),
-                                            &equal, NULL, NULL, 1, 0.1f, 0, 0.0f, 0.01f, NULL, four_rank1_overrides);
-            printf("    %-12s 4-bit rank-1, 8-bit one absmax and 4-bit blocks beside, p %s: %s\n", optimizer_names[kind],
-                   d ? "bf16 + int8" : "f32", worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
-            EXPECT(worst == 0.0 && equal, "%s rank-1 p %s: params differ by %g rel, states or exports %s", optimizer_names[kind],
-                   d ? "bf16" : "f32", worst, equal ? "equal" : "differ");
-        }
+        for (int d = 0; d < 3; d++)
+            for (int map = 0; map < BNB8_NUM_MAPS; map++) {
+                if (map && kind == BNB8_ADAM && d != 2) continue;   // Adam with the map with zero: once
+                bnb8_config cfg = bnb8_config_default(kind);
+                cfg.format = BNB8_STATE_4BIT;
+                cfg.blocksize = 128;
+                cfg.min_8bit_size = 0;
+                cfg.weight_decay = 0.01f;
+                cfg.correction_bytes = d == 2 ? SR : d;
+                cfg.map = (bnb8_map)map;
+                cfg.seed = test_u64(&rng);
+                cfg.sum_squares = 1;
+                int equal = 0;
+                double worst = optimizer_parity(kind, cfg, d ? BNB8_BF16 : BNB8_F32, d ? BNB8_BF16 : BNB8_F32, matrices, steps(100),
+                                                &equal, NULL, NULL, 1, 0.1f, 0, 0.0f, 0.01f, NULL, four_rank1_overrides);
+                printf("    %-12s 4-bit rank-1, 8-bit one absmax and 4-bit blocks beside, p %s%s: %s\n", optimizer_names[kind],
+                       weights[d], map ? ", v's map with zero" : "", worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+                EXPECT(worst == 0.0 && equal, "%s rank-1 p %s%s: params differ by %g rel, states or exports %s",
+                       optimizer_names[kind], weights[d], map ? ", v's map with zero" : "", worst, equal ? "equal" : "differ");
+            }
 }
 
 static void test_shard_parity(void) {

@@ -1,8 +1,9 @@
 /*
 test_resume.c — what a resume checks before it continues a run (DESIGN.md §8.4, §8.5): the trainer
-state's version 3 words (the run's -l, -u, -q, -c, -g, -M, -K and the digest of its optimizer files),
-each refused out of its range; a flag left out takes the checkpoint's value, one given with another
-value is refused naming both; versions 2 and 1 still load and resume, their missing fields
+state's version 3 and 4 words (the run's -l, -u, -q, -c, -g, -M, -K, -V and the digest of its optimizer
+files), each refused out of its range; a flag left out takes the checkpoint's value, one given with
+another value is refused naming both; version 3 still loads (-V block); versions 2 and 1 still load
+and resume, their missing fields
 unchecked; an optimizer file of another run at the same step (a backup restored into the wrong
 directory) is not resumed with the trainer state, and the resume falls back; a directory in place of
 the optimizer file; bnb8_optimizer_file_digest against a digest computed here from DESIGN.md §7.
@@ -120,7 +121,7 @@ static int state_file_refused(const char *path) { TrainerState s; return state_l
 // ------------------------------------------------------------------------------------------------
 // The trainer state file
 
-// A trainer state of the tiny model with every version 3 field away from zero.
+// A trainer state of the tiny model with every version 3 and 4 field away from zero.
 static TrainerState sample_state(void) {
     GPT2Config c;
     gpt2_config_from_descriptor(&c, "d1c32h2v64t16");
@@ -129,7 +130,7 @@ static TrainerState sample_state(void) {
                       .seed = 1, .accum = 1, .weight_bytes = 4, .version = STATE_VERSION, .config = c, .opt_steps = 7,
                       .clip_rule = CLIP_EXACT, .prev_norm = NAN, .est_profile = {NAN, NAN, NAN}, .lr = (double)3e-3f,
                       .final_lr_frac = 0.25, .weight_decay = 0.5, .grad_clip = 2.0, .warmup = 4, .map = BNB8_MAP_LINEAR,
-                      .blocksize = 128, .optim_digest = 0x0123456789abcdefll};
+                      .blocksize = 128, .optim_digest = 0x0123456789abcdefll, .rank1 = 1};
     return s;
 }
 
@@ -145,28 +146,28 @@ static int written_words(const TrainerState *s, const char *path, int64_t w[STAT
     return ok;
 }
 
-// Version 3 lays the run's settings out in words 31..38 (DESIGN.md §8.5) and reads them back; each
+// Version 4 lays the run's settings out in words 31..39 (DESIGN.md §8.5) and reads them back; each
 // out of its range is refused, naming it, with the checksum made right so that it is the field that
 // fails: a learning rate that is NaN, negative or infinite, a negative warm-up, a final fraction past
 // 1, a negative decay, a NaN clip, an unknown map, a block size that is not 0 or a power of two in
-// 64..4096, and total steps below the step.
-static void test_state_version3_words(void) {
+// 64..4096, a -V that is not 0 or 1, and total steps below the step.
+static void test_state_version4_words(void) {
     char path[128];
-    rpath(path, sizeof path, "state_v3.bin");
+    rpath(path, sizeof path, "state_v4.bin");
     TrainerState s = sample_state(), back;
     int64_t w[STATE_WORDS];
-    EXPECT(STATE_VERSION == 3 && STATE_WORDS == 40, "version %d of %d words", STATE_VERSION, STATE_WORDS);
+    EXPECT(STATE_VERSION == 4 && STATE_WORDS == 41, "version %d of %d words", STATE_VERSION, STATE_WORDS);
     if (!written_words(&s, path, w)) return;
     const double doubles[4] = {s.lr, 0.25, 0.5, 2.0};
     const int at[4] = {31, 33, 34, 35};
     for (int k = 0; k < 4; k++) EXPECT(memcmp(&w[at[k]], &doubles[k], 8) == 0, "word %d: not the double's bits", at[k]);
-    EXPECT(w[1] == 3 && w[32] == 4 && w[36] == BNB8_MAP_LINEAR && w[37] == 128 && w[38] == 0x0123456789abcdefll,
-           "words 1, 32, 36..38: %lld %lld %lld %lld %llx", (long long)w[1], (long long)w[32], (long long)w[36],
-           (long long)w[37], (unsigned long long)w[38]);
-    EXPECT(state_load(&back, path) == 0 && back.version == 3 && back.lr == s.lr && back.final_lr_frac == 0.25 &&
+    EXPECT(w[1] == 4 && w[32] == 4 && w[36] == BNB8_MAP_LINEAR && w[37] == 128 && w[38] == 0x0123456789abcdefll && w[39] == 1,
+           "words 1, 32, 36..39: %lld %lld %lld %lld %llx %lld", (long long)w[1], (long long)w[32], (long long)w[36],
+           (long long)w[37], (unsigned long long)w[38], (long long)w[39]);
+    EXPECT(state_load(&back, path) == 0 && back.version == 4 && back.lr == s.lr && back.final_lr_frac == 0.25 &&
            back.weight_decay == 0.5 && back.grad_clip == 2.0 && back.warmup == 4 && back.map == BNB8_MAP_LINEAR &&
-           back.blocksize == 128 && back.optim_digest == s.optim_digest && back.steps == 20,
-           "version 3 round trip: %s", train_error_text);
+           back.blocksize == 128 && back.optim_digest == s.optim_digest && back.steps == 20 && back.rank1 == 1,
+           "version 4 round trip: %s", train_error_text);
     const double nan = NAN, inf = INFINITY, minus = -1e-3, past = 1.5;
     struct { int word; const double *d; int64_t v; const char *want, *label; } forged[] = {
         {31, &nan, 0, "peak learning rate (-l) is nan", "a NaN learning rate"},
@@ -179,9 +180,10 @@ static void test_state_version3_words(void) {
         {36, NULL, 2, "map (-M) is 2", "map 2"}, {36, NULL, -1, "map (-M)", "map -1"},
         {37, NULL, 100, "block size (-K) is 100", "block size 100"}, {37, NULL, 32, "block size (-K)", "block size 32"},
         {37, NULL, 8192, "block size (-K)", "block size 8192"}, {37, NULL, -256, "block size (-K)", "block size -256"},
+        {39, NULL, 2, "normalization (-V) is 2", "-V 2"}, {39, NULL, -1, "normalization (-V)", "-V -1"},
         {11, NULL, 6, "total steps (-n) is 6", "6 total steps at step 7"}};
     char bad[128];
-    rpath(bad, sizeof bad, "state_v3_bad.bin");
+    rpath(bad, sizeof bad, "state_v4_bad.bin");
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[STATE_WORDS];
         memcpy(v, w, sizeof v);
@@ -205,23 +207,41 @@ static void test_state_version3_words(void) {
     remove(bad);
 }
 
-// Version 2 (32 words, words 0..30 as in version 3, its checksum in word 31) still loads: its fields,
-// and none of version 3's (the learning rate NaN: not recorded); at version 3's size it is oversized.
-static void test_state_version2_loads(void) {
-    char path[128];
-    rpath(path, sizeof path, "state_v2.bin");
-    TrainerState s = sample_state(), back;
+// sample_state's file rewritten as an older version of the given words (its checksum made right in
+// its last word) loads into *back (1 when it does); at this version's size it is refused as oversized.
+static int load_as_version(int version, int words, TrainerState *back) {
+    char path[128], label[64];
+    rpath(path, sizeof path, "state_old.bin");
+    TrainerState s = sample_state();
     int64_t w[STATE_WORDS];
-    if (!written_words(&s, path, w)) return;
-    w[1] = 2;
-    put_state_words(path, w, 32);
-    EXPECT(state_load(&back, path) == 0 && back.version == 2 && back.step == 7 && back.position == 64 && back.rng == 5 &&
+    if (!written_words(&s, path, w)) return 0;
+    w[1] = version;
+    put_state_words(path, w, words);
+    int ok = state_load(back, path) == 0;
+    w[1] = version;
+    put_state_words(path, w, STATE_WORDS);
+    snprintf(label, sizeof label, "version %d at version %d's size", version, STATE_VERSION);
+    expect_refused(state_file_refused(path), "oversized", label);
+    remove(path);
+    return ok;
+}
+
+// Version 3 (40 words, words 0..38 as in version 4, its checksum in word 39) still loads: its fields,
+// and -V block (0), all a version 3 run had.
+static void test_state_version3_loads(void) {
+    TrainerState s = sample_state(), back;
+    EXPECT(load_as_version(3, 40, &back) && back.version == 3 && back.step == 7 && back.lr == s.lr && back.blocksize == 128 &&
+           back.optim_digest == s.optim_digest && back.rank1 == 0, "version 3: %s (-V %lld)", train_error_text,
+           (long long)back.rank1);
+}
+
+// Version 2 (32 words, words 0..30 as in version 3, its checksum in word 31) still loads: its fields,
+// and none of version 3's (the learning rate NaN: not recorded).
+static void test_state_version2_loads(void) {
+    TrainerState back;
+    EXPECT(load_as_version(2, 32, &back) && back.version == 2 && back.step == 7 && back.position == 64 && back.rng == 5 &&
            back.steps == 20 && back.config.channels == 32 && isnan(back.lr) && isnan(back.grad_clip),
            "version 2: %s (lr %g)", train_error_text, back.lr);
-    w[1] = 2;
-    put_state_words(path, w, STATE_WORDS);
-    expect_refused(state_file_refused(path), "oversized", "version 2 at version 3's size");
-    remove(path);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -395,15 +415,18 @@ static void test_resume_refuses_another_runs_optimizer_file(void) {
 }
 
 // A directory in place of the checkpoint's optimizer file is refused as not a regular file (not by
-// the size a stat gives it), from a trainer state of version 3 and of version 2.
+// the size a stat gives it), from a trainer state of this version and of version 2.
 static void test_resume_refuses_directory_for_optimizer_file(void) {
     char dir[128], optim[512];
     rpath(dir, sizeof dir, "optim_dir");
-    for (int version = 3; version >= 2; version--) {
+    const int versions[2] = {STATE_VERSION, 2};
+    for (int v = 0; v < 2; v++) {
+        const int version = versions[v];
         TrainArgs a;
         tiny_run(&a, dir, 6);
         a.stop_after = 3;
-        EXPECT(train_run(&a, NULL) == 0 && (version == 3 || state_as_version2(dir, 3)), "first part: %s", train_error_text);
+        EXPECT(train_run(&a, NULL) == 0 && (version == STATE_VERSION || state_as_version2(dir, 3)), "first part: %s",
+               train_error_text);
         checkpoint_path(optim, sizeof optim, dir, "optim", 3, ".bin");
         EXPECT(remove(optim) == 0 && mkdir(optim, 0755) == 0, "cannot put a directory at %s", optim);
         a.stop_after = 0; a.resume = 1;
@@ -606,7 +629,8 @@ void tests_resume(void) {
     memcpy(tokens, h, sizeof h);
     for (int i = 0; i < 4096; i++) { uint16_t t = (uint16_t)((i * 37 + i / 7) % 64); memcpy(tokens + 1024 + 2 * i, &t, 2); }
     put_bytes(path, tokens, sizeof tokens);
-    test_run("resume: trainer state version 3 words; each run setting out of its range refused", test_state_version3_words);
+    test_run("resume: trainer state version 4 words; each run setting out of its range refused", test_state_version4_words);
+    test_run("resume: trainer state version 3 still loads, -V block", test_state_version3_loads);
     test_run("resume: trainer state version 2 still loads, without version 3's fields", test_state_version2_loads);
     test_run("resume: flags left out take the checkpoint's -n -l -u -q -c -g -M -K (bit-exact)",
              test_resume_takes_the_checkpoint_settings);

@@ -11,8 +11,9 @@ computed in double from its exponent.
    deep subnormals within their documented 16-bit resolution); the hash's bits are the documented ones.
 2. Optimizers: SGD with momentum over many steps equals the test's own loop (whole tensors, shards,
    a tensor stepped less often, non-finite gradients and round-ups to inf); every kind and state
-   format (32-bit, 8-bit, one absmax per tensor, flash) rounds its step's fp32 result as the hash
-   says, against a twin that keeps that result as an fp32 master; other seeds choose otherwise;
+   format (32-bit, 8-bit, one absmax per tensor, flash, 4-bit, flash4) rounds its step's fp32 result
+   as the hash says, against a twin that keeps that result as an fp32 master, and rounds up as
+   often as the dropped fractions say; other seeds choose otherwise;
    a resume through a state file is bit-exact whatever seed the new optimizer was made with; files
    of another master are refused naming both; memory, export and import.
 3. Quality: on a quadratic whose updates are below half an ulp, nearest rounding without a master
@@ -84,6 +85,11 @@ static double ref_nearest(float x, bnb8_dtype dt) {
     int up = frac > 0.5 || (frac == 0.5 && fmod(lower / ulp, 2.0) == 1.0);
     double v = up ? lower + ulp : lower;
     return copysign(v > ref_max(dt) ? INFINITY : v, (double)x);
+}
+// For the other tests' references (test.h): x rounded as element e of the tensor called name at
+// step count step under seed.
+double test_round_ref(float x, bnb8_dtype dt, uint64_t seed, const char *name, int64_t step, int64_t e) {
+    return ref_round(x, dt, ref_bits(ref_key(seed, ref_identity(name), step), e));
 }
 // Exact equality of doubles, the sign of zero included.
 static int same(double a, double b) { return a == b && signbit(a) == signbit(b); }
@@ -396,7 +402,10 @@ static void test_seeds(void) {
 // as a shard or whole) under stochastic rounding, and the same step of a twin that keeps its fp32
 // master (correction_bytes 4): from the same weights and zero states the two compute the same fp32
 // result, which the twin exports. Every weight must be ref_round of it with the test's hash of
-// (seed, the tensor's name, k + 1, offset + i).
+// (seed, the tensor's name, k + 1, offset + i). And the number U of weights rounded up must be
+// that of independent choices up with each one's probability q_i (its dropped fraction's top 16
+// bits over 2^16, exactly what ref_round takes): mean E = sum q_i, variance sum q_i (1 - q_i) <= E,
+// so |U - E| <= 6 sqrt(E) + 1 (a normal tail of 2e-9).
 static void twin_case(bnb8_optim kind, bnb8_state_format fmt, int64_t blocksize, bnb8_dtype dt, int shard, test_rng *g) {
     enum { N = 2 * 4096 + 77 };
     const int64_t off = shard ? 4096 : 0;
@@ -422,19 +431,26 @@ static void twin_case(bnb8_optim kind, bnb8_state_format fmt, int64_t blocksize,
              bnb8_optimizer_set_step_count(sr, -1, k) == 0 && bnb8_optimizer_set_step_count(tw, -1, k) == 0 &&
              bnb8_optimizer_step(sr, c.lr, 1.0f, NULL) == 0 && bnb8_optimizer_step(tw, c.lr, 1.0f, NULL) == 0 &&
              bnb8_optimizer_export_fp32(tw, 0, pn) == 0;
-    const char *fname = fmt == BNB8_STATE_FLASH ? "flash" : fmt == BNB8_STATE_32BIT ? "32-bit" : blocksize ? "8-bit" : "8-bit one absmax";
+    const char *fname = fmt == BNB8_STATE_FLASH ? "flash" : fmt == BNB8_STATE_32BIT ? "32-bit" : fmt == BNB8_STATE_4BIT ? "4-bit"
+                      : fmt == BNB8_STATE_FLASH4 ? "flash4" : blocksize ? "8-bit" : "8-bit one absmax";
     EXPECT(ok, "kind %d %s %s: %s", (int)kind, fname, dt_name(dt), bnb8_last_error());
     EXPECT(!ok || (test_take_nonfinite(sr) == 0 && test_take_nonfinite(tw) == 0), "kind %d %s: non-finite results", (int)kind, fname);
     uint64_t key = ref_key(seed, ref_identity(name), k + 1);
-    int64_t miss = 0, moved = 0;
+    int64_t miss = 0, moved = 0, ups = 0;
+    double expected_ups = 0.0;
     for (int64_t i = 0; ok && i < N; i++) {
-        double want = ref_round(pn[i], dt, ref_bits(key, off + i)), got = ref_widen(w[i], dt);
+        double want = ref_round(pn[i], dt, ref_bits(key, off + i)), got = ref_widen(w[i], dt), lower, ulp, frac;
+        ref_neighbours(fabs((double)pn[i]), dt, &lower, &ulp, &frac);
+        expected_ups += floor(frac * 65536.0) / 65536.0;
+        ups += fabs(got) > lower;
         moved += w[i] != wm[i];
         if (!same(got, want) && miss++ < 3)
             EXPECT(0, "kind %d %s %s%s, step %lld: w[%lld] = %a, the fp32 result %a rounds to %a", (int)kind, fname, dt_name(dt),
                    shard ? " shard" : "", (long long)k + 1, (long long)i, got, (double)pn[i], want);
     }
     EXPECT(miss == 0, "kind %d %s %s: %lld of %d weights", (int)kind, fname, dt_name(dt), (long long)miss, N);
+    EXPECT(!ok || (fabs((double)ups - expected_ups) <= 6.0 * sqrt(expected_ups) + 1.0 && expected_ups > 1000.0),
+           "kind %d %s %s: %lld weights rounded up, expected %.1f", (int)kind, fname, dt_name(dt), (long long)ups, expected_ups);
     // the twin's weights are RNE of the same results: most differ from a stochastic choice somewhere
     EXPECT(!ok || moved > 0, "kind %d %s %s: every weight equals the nearest rounding", (int)kind, fname, dt_name(dt));
     bnb8_optimizer_free(sr);
@@ -449,10 +465,13 @@ static void test_every_format(void) {
             twin_case((bnb8_optim)kind, BNB8_STATE_32BIT, 256, dt, 0, &g);
             twin_case((bnb8_optim)kind, BNB8_STATE_8BIT, 256, dt, 0, &g);
             twin_case((bnb8_optim)kind, BNB8_STATE_8BIT, 0, dt, 0, &g);
-            if (kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION)
+            twin_case((bnb8_optim)kind, BNB8_STATE_4BIT, 128, dt, 0, &g);
+            if (kind == BNB8_ADAMW || kind == BNB8_ADAM || kind == BNB8_SGD || kind == BNB8_LION) {
                 twin_case((bnb8_optim)kind, BNB8_STATE_FLASH, 256, dt, 0, &g);
+                twin_case((bnb8_optim)kind, BNB8_STATE_FLASH4, 256, dt, 0, &g);
+            }
         }
-        for (int f = 0; f < 3; f++) twin_case(BNB8_ADAMW, (bnb8_state_format)f, 256, dt, 1, &g);
+        for (int f = 0; f < 5; f++) twin_case(BNB8_ADAMW, (bnb8_state_format)f, f == BNB8_STATE_4BIT ? 128 : 256, dt, 1, &g);
     }
 }
 
@@ -708,7 +727,8 @@ void tests_round(void) {
     test_run("round: SGD on bf16/fp16 weights equals the test's loop (shards, own step counts, overflows)",
              test_sgd_reference);
     test_run("round: another seed changes the expected number of choices, the same seed none", test_seeds);
-    test_run("round: every kind and state format rounds its fp32 result as the hash says", test_every_format);
+    test_run("round: every kind and state format (4-bit, flash4 too) rounds its fp32 result as the hash says, up as often as the fractions say",
+             test_every_format);
     test_run("round: save, load into an optimizer of another seed, continue: bit-exact; memory, export, import",
              test_resume);
     test_run("round: files of another master, fp32 weights and a changed seed are refused", test_refused);

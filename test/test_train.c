@@ -1,7 +1,9 @@
 /*
 test_train.c — the GPT-2 trainer (DESIGN.md §8, §12): gradients against finite differences of an
-independent double-precision forward, training lowers the loss and 8bit, flash, 8bit-int8 and 8bit-sr
-stay within 2% of fp32 with the bytes per parameter of their formats, resume is bit-exact, every loader refuses bad
+independent double-precision forward, training lowers the loss and every recipe (8bit, flash, 8bit-int8,
+8bit-sr, 4bit-int8, 4bit-sr and the ablations 8bit-rn, 4bit-rn) stays within 2% of fp32 with the bytes
+per parameter of its formats; the 4-bit ablations' flags (-M linear, -V rank1) reach the library's
+records, resume with them is bit-exact, misuse is refused; resume is bit-exact, every loader refuses bad
 files with a message naming the file, and what the CPU build reaches of checkpoints over NCCL (rank
 files' names, every rank's file, the trainer state's ranks, another number of ranks refused).
 
@@ -347,9 +349,10 @@ static bnb8_memory expected_memory(const char *recipe, const GPT2Config *c) {
 }
 
 static void test_training(void) {
-    const char *rec[6] = {"fp32", "8bit", "flash", "8bit-int8", "8bit-sr", "4bit-int8"};
-    float val[6] = {0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < 6; k++) {
+    enum { R = 9 };
+    const char *rec[R] = {"fp32", "8bit", "flash", "8bit-int8", "8bit-sr", "4bit-int8", "4bit-sr", "8bit-rn", "4bit-rn"};
+    float val[R] = {0};
+    for (int k = 0; k < R; k++) {
         TrainArgs a;
         tiny_args(&a, rec[k], "adamw", 50);
         float losses[50];
@@ -382,7 +385,7 @@ static void test_training(void) {
         if (tverbose) printf("    %s: weights %.3f + master %.3f + gradients %.3f + states %.3f = %.3f bytes/param\n", rec[k],
                              got.weights / P, got.correction / P, got.gradients / P, got.states / P, bpp);
     }
-    for (int k = 1; k < 6; k++) {
+    for (int k = 1; k < R; k++) {
         double gap = (val[k] - val[0]) / val[0];
         EXPECT(fabs(gap) <= 0.02, "%s val loss %.5f vs fp32 %.5f: gap %.2f%%", rec[k], (double)val[k], (double)val[0], 100 * gap);
         printf("    %-9s vs fp32 after 50 steps: val loss %.5f vs %.5f, gap %+.3f%%\n", rec[k], (double)val[k], (double)val[0],
@@ -572,12 +575,13 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
 // Checkpoint sizes (DESIGN.md §8.4), measured from the files of each recipe on the CPU against the
 // bytes its formats give, tensor by tensor: per record 4 + name + 40 + payload + 4 bytes, the payload
 // the weights as kept (fp32 for fp32 and 8bit, whose fp32 weights are their own master; bf16 + an int8
-// correction for flash and 8bit-int8; bf16 alone for 8bit-sr, whose records of version 4 hold 24 bytes
-// more: the shard's offset and total, the rounding's seed) and AdamW's two states (32-bit under 4096 elements and for fp32;
-// 8-bit codes + an fp32 absmax per 256; flash codes + a bf16 scale per 32); the optimizer file's
-// 24-byte header, the trainer state's 256 bytes, an empty DONE. A tensor of a multiple of 256
+// correction for flash, 8bit-int8 and 4bit-int8; bf16 alone for 8bit-sr and 4bit-sr, whose records of version 4
+// hold 24 bytes more: the shard's offset and total, the rounding's seed; and for 8bit-rn and 4bit-rn)
+// and AdamW's two states (32-bit under 4096 elements and for fp32; 8-bit codes + an fp32 absmax per
+// 256; flash codes + a bf16 scale per 32; 4-bit codes + an fp32 absmax per 128); the optimizer file's
+// 24-byte header, the trainer state's STATE_WORDS words, an empty DONE. A tensor of a multiple of 256
 // elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125,
-// 4.03125.
+// 4.03125, 4.0625, 3.0625, 4.03125, 3.0625.
 // -l 0 changes no weight (the checks that compare final weights across layouts use it): the masters
 // after 1 and after 3 steps at lr 0 are equal bit for bit, and 1 step at lr 1e-2 moves them.
 static void test_zero_lr(void) {
@@ -621,9 +625,10 @@ static void test_zero_lr(void) {
 }
 
 static void test_checkpoint_sizes(void) {
-    const char *rec[6] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr", "4bit-int8"};
-    const double target[6] = {12.0, 6.03125, 5.03125, 5.125, 4.03125, 4.0625};
-    for (int k = 0; k < 6; k++) {
+    enum { R = 9 };
+    const char *rec[R] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr", "4bit-int8", "4bit-sr", "8bit-rn", "4bit-rn"};
+    const double target[R] = {12.0, 6.03125, 5.03125, 5.125, 4.03125, 4.0625, 3.0625, 4.03125, 3.0625};
+    for (int k = 0; k < R; k++) {
         char dir[256], path[512];
         snprintf(dir, sizeof dir, "%s/sizes_%s", tdir, rec[k]);
         TrainArgs a;
@@ -639,10 +644,11 @@ static void test_checkpoint_sizes(void) {
         const Recipe *rp = &recipes[find_recipe(rec[k])];
         int fp32 = rp->correction_bytes == 4;   // on the CPU: fp32 weights, their own master
         int sr = rp->correction_bytes == BNB8_CORRECTION_STOCHASTIC;   // bf16 weights alone; records of version 4
+        int corr = rp->correction_bytes == 1;                           // an int8 correction beside bf16 weights
         double want = 24.0, wte_payload = 0.0;
         for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
             if (!sizes[i]) continue;
-            double n = (double)sizes[i], weights = fp32 ? 4 * n : sr ? 2 * n : 2 * n + n;
+            double n = (double)sizes[i], weights = fp32 ? 4 * n : corr ? 2 * n + n : 2 * n;
             double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
                              : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
                              : rp->states == BNB8_STATE_4BIT ? (double)((sizes[i] + 1) / 2) + 4.0 * (double)((sizes[i] + 127) / 128)
@@ -671,6 +677,122 @@ static void test_checkpoint_sizes(void) {
                rec[k], optim + state, (long long)P, (optim + state) / (double)P, wte_payload / (double)sizes[GPT2_WTE], target[k]);
         test_remove_tree(dir, 1);
     }
+}
+
+// The format word and block size field of the first record (wte) of the optimizer file of step k in
+// dir (DESIGN.md §7: after its name, n, and in versions 3 and 4 the shard's offset and total). 1 on success.
+static int first_record(const char *dir, int64_t k, uint32_t *format, int64_t *block) {
+    char path[512];
+    checkpoint_optim_path(path, sizeof path, dir, k, 0, 0);
+    int64_t size = 0;
+    uint8_t *d = slurp(path, &size);
+    uint32_t version = 0, len = 0;
+    if (d && size > 28) { memcpy(&version, d + 8, 4); memcpy(&len, d + 24, 4); }
+    size_t at = 28 + (size_t)len + 8 + (version >= 3 ? 16 : 0);
+    int ok = d && size > 28 && (int64_t)at + 16 <= size;
+    if (ok) { memcpy(format, d + at, 4); memcpy(block, d + at + 8, 8); }
+    EXPECT(ok, "%s: no first record", path);
+    free(d);
+    return ok;
+}
+
+// The 4-bit ablations reach the library: -M linear sets the 4-bit records' map (format bits 8..15),
+// -V rank1 the matrices' row size (wte's block field 128 + C 2^16) and the state bytes of a hand count
+// (v's rows' and columns' maxima in place of an absmax per 128); the -rn recipes keep bf16 weights
+// and no master (correction field 0), 4bit-sr stochastic rounding (0x80). A run with -V rank1 -M
+// linear stopped and resumed with both left out continues bit for bit; given with another value
+// they are refused. -V with 8-bit recipes or without a second moment, -M with flash, -K with 4-bit
+// recipes and an unknown -V are refused, naming what they need.
+static void test_four_ablations(void) {
+    const char *rec[3] = {"4bit-int8", "4bit-sr", "4bit-rn"};
+    const uint32_t master[3] = {1, 0x80, 0};
+    GPT2Config c;
+    for (int k = 0; k < 3; k++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, "%s/ablate_%s", tdir, rec[k]);
+        TrainArgs a;
+        tiny_args(&a, rec[k], "adamw", 2);
+        a.out_dir = dir;
+        a.map = BNB8_MAP_LINEAR;
+        a.rank1 = 1;
+        TrainResult r = {0};
+        uint32_t format = 0;
+        int64_t block = 0;
+        EXPECT(train_run(&a, &r) == 0 && isfinite(r.last_loss), "%s -M linear -V rank1: %s", rec[k], train_error_text);
+        gpt2_config_from_descriptor(&c, a.model);
+        c.stable_embedding = 0;
+        if (first_record(dir, 2, &format, &block))
+            EXPECT((format & 0xff) == BNB8_STATE_4BIT && ((format >> 8) & 0xff) == BNB8_MAP_LINEAR &&
+                   ((format >> 16) & 0xff) == master[k] && format >> 24 == BNB8_BF16 && block == 128 + (int64_t)c.channels * 65536,
+                   "%s: wte's record has format 0x%08x, block field %lld", rec[k], format, (long long)block);
+        bnb8_memory want = expected_memory(rec[k], &c);
+        int64_t sizes[GPT2_NUM_PARAMS];
+        gpt2_param_sizes(&c, sizes);
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) {   // v of each 4-bit matrix: its rows' and columns' maxima
+            if (!gpt2_param_is_matrix[i] || sizes[i] < 4096) continue;
+            int64_t cols = (int64_t)c.channels * (i == GPT2_FCPROJW ? 4 : 1);
+            want.states += 4.0 * (double)(sizes[i] / cols + cols) - 4.0 * (double)((sizes[i] + 127) / 128);
+        }
+        EXPECT(r.memory.states == want.states, "%s -V rank1: %.0f state bytes, the hand count %.0f", rec[k],
+               r.memory.states, want.states);
+        test_remove_tree(dir, 1);
+    }
+    // 8bit-rn keeps bf16 weights rounded to nearest, no master: its records say so.
+    char dir[256], dir_b[256];
+    snprintf(dir, sizeof dir, "%s/ablate_8bit-rn", tdir);
+    TrainArgs a;
+    tiny_args(&a, "8bit-rn", "adamw", 2);
+    a.out_dir = dir;
+    uint32_t format = 0;
+    int64_t block = 0;
+    EXPECT(train_run(&a, NULL) == 0, "8bit-rn: %s", train_error_text);
+    if (first_record(dir, 2, &format, &block))
+        EXPECT(format == ((uint32_t)BNB8_STATE_8BIT | (uint32_t)BNB8_BF16 << 24) && block == 256, "8bit-rn: wte's record "
+               "has format 0x%08x, block field %lld", format, (long long)block);
+    test_remove_tree(dir, 1);
+    // Stop at 3 and resume with -V and -M left out: the checkpoint's, the bits of 6 straight steps.
+    snprintf(dir, sizeof dir, "%s/ablate_a", tdir);
+    snprintf(dir_b, sizeof dir_b, "%s/ablate_b", tdir);
+    float la[6], lb[6];
+    TrainResult ra = {0}, rb = {0};
+    ra.losses = la; rb.losses = lb;
+    tiny_args(&a, "4bit-sr", "adamw", 6);
+    a.map = BNB8_MAP_LINEAR; a.rank1 = 1;
+    a.out_dir = dir;
+    EXPECT(train_run(&a, &ra) == 0, "6 steps straight: %s", train_error_text);
+    a.out_dir = dir_b; a.stop_after = 3;
+    EXPECT(train_run(&a, &rb) == 0, "first part: %s", train_error_text);
+    TrainArgs b = a;
+    b.stop_after = 0; b.resume = 1;
+    b.rank1 = 0; b.given['V'] = 1;
+    EXPECT(train_run(&b, NULL) != 0 && strstr(train_error_text, "-V rank1") && strstr(train_error_text, "-V block"),
+           "resume with -V block: '%s'", train_error_text);
+    b.rank1 = 1; b.given['V'] = 0;
+    b.map = BNB8_MAP_DYNAMIC; b.given['M'] = 1;
+    EXPECT(train_run(&b, NULL) != 0 && strstr(train_error_text, "-M linear") && strstr(train_error_text, "-M dynamic"),
+           "resume with -M dynamic: '%s'", train_error_text);
+    b.map = BNB8_MAP_DYNAMIC; b.rank1 = 0; b.given['M'] = 0;   // left out: the checkpoint's
+    EXPECT(train_run(&b, &rb) == 0 && rb.first_step == 4, "resumed: %s", train_error_text);
+    EXPECT(memcmp(la, lb, sizeof la) == 0 && memcmp(&ra.val_loss, &rb.val_loss, 4) == 0,
+           "-V rank1 -M linear: stop at 3 + resume to 6 differs from 6 straight steps");
+    test_remove_tree(dir, 1);
+    test_remove_tree(dir_b, 1);
+    // Misuse, refused with what it needs.
+    struct { const char *recipe, *optimizer; int map, rank1; int64_t blocksize; const char *want; } bad[] = {
+        {"8bit", "adamw", 0, 1, 256, "-V rank1 normalizes the 4-bit"}, {"8bit-sr", "adamw", 0, 1, 256, "-r 4bit-int8"},
+        {"4bit-int8", "lion", 0, 1, 256, "-p adamw"}, {"4bit-sr", "sgd", 0, 1, 256, "-p adamw"},
+        {"flash", "adamw", 1, 0, 256, "-M sets"}, {"4bit-sr", "adamw", 0, 0, 512, "-K sets"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        tiny_args(&a, bad[k].recipe, bad[k].optimizer, 2);
+        a.map = bad[k].map; a.rank1 = bad[k].rank1; a.blocksize = bad[k].blocksize;
+        EXPECT(train_run(&a, NULL) != 0 && strstr(train_error_text, bad[k].want), "%s %s -M %d -V %d -K %lld: '%s'",
+               bad[k].recipe, bad[k].optimizer, bad[k].map, bad[k].rank1, (long long)bad[k].blocksize, train_error_text);
+    }
+    char given[128];
+    const char *v_bad[] = {"t", "-V", "rank2"}, *v_good[] = {"t", "-r", "4bit-sr", "-V", "rank1", "-M", "linear"};
+    EXPECT(parse_args(3, (char **)v_bad, &a, given) < 0 && strstr(train_error_text, "block, rank1"), "-V rank2: '%s'", train_error_text);
+    EXPECT(parse_args(7, (char **)v_good, &a, given) == 0 && a.rank1 == 1 && a.map == BNB8_MAP_LINEAR && given['V'],
+           "-r 4bit-sr -V rank1 -M linear: %s", train_error_text);
 }
 
 // Gradient accumulation: A = 2 micro-batches of B = 4 read the same tokens as one batch of B = 8,
@@ -741,6 +863,10 @@ static void test_resume(void) {
     resume_case("8bit-sr", "sgd", 1, 0, -1);
     resume_case("4bit-int8", "adamw", 0, 1, -1);
     resume_case("4bit-int8", "lion", 1, 0, -1);
+    resume_case("4bit-sr", "adamw", 0, 0, -1);
+    resume_case("4bit-sr", "lion", 1, 0, -1);
+    resume_case("8bit-rn", "adamw", 0, 0, -1);
+    resume_case("4bit-rn", "sgd", 0, 0, -1);
     resume_case("flash", "adamw", 0, 0, CLIP_PREV);   // the previous norm travels in the trainer state
     resume_case("8bit", "adamw", 1, 0, CLIP_PREV);
     resume_case("flash", "adamw", 0, 0, CLIP_EST);     // the est rule's profile travels in the trainer state
@@ -1099,7 +1225,7 @@ static void test_state_files(void) {
         {22, 3, "inconsistent", "clipping rule 3"}, {23, (int64_t)0xbff0000000000000ull, "inconsistent", "a norm of -1"},
         {25, -1, "training token count", "a negative token count"},
         {24, 1, "scale dtype", "bf16 scales for the 8bit recipe"}, {24, -1, "scale dtype", "scale dtype -1"},
-        {27, -1, "ranks", "negative ranks"}, {27, 1 << 21, "ranks", "2^21 ranks"},
+        {27, -1, "ranks", "negative ranks"}, {27, 1 << 21, "ranks", "2^21 ranks"}, {39, 2, "(-V) is 2", "-V 2"},
         {3, -1, "data position", "a negative data position"}};
     for (size_t k = 0; k < sizeof forged / sizeof forged[0]; k++) {
         int64_t v[STATE_WORDS];
@@ -1709,12 +1835,15 @@ void tests_train(void) {
     test_run("train: gradients vs finite differences of a double forward", test_gradients);
     test_run("train: the same with StableEmbedding", test_gradients_stable);
     test_run("train: forward and backward give the same bits on 1 and 3 threads", test_thread_independence);
-    test_run("train: 50 steps lower the loss; 8bit, flash, 8bit-int8, 8bit-sr, 4bit-int8 within 2% of fp32; bytes per parameter", test_training);
-    test_run("train: stop and resume is bit-exact (fp32, 8bit, flash, 8bit-int8, 8bit-sr, 4bit-int8; adamw, lion, sgd; the version 1 layout)",
+    test_run("train: 50 steps lower the loss; every recipe within 2% of fp32; bytes per parameter", test_training);
+    test_run("train: stop and resume is bit-exact (every recipe; adamw, lion, sgd; the version 1 layout)",
              test_resume);
-    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125, 8bit-sr 4.03, 4bit-int8 4.0625 bytes/param",
+    test_run("train: checkpoint sizes by the formats: fp32 12, 8bit 6.03, 8bit-int8 5.03, flash 5.125, 8bit-sr 4.03, 4bit-int8 4.0625, "
+             "4bit-sr 3.0625 bytes/param",
              test_checkpoint_sizes);
     test_run("train: gradient accumulation: B=4 x 2 micro-batches trains as B=8; resume", test_accumulation);
+    test_run("train: -M linear and -V rank1 reach the 4-bit records; -rn keeps no master; resume with them; misuse refused",
+             test_four_ablations);
     test_run("train: -N prev: step_scale's arithmetic; the norm vs a direct one; the steps it clips", test_clip_rule);
     test_run("train: -N est: its shares and profile vs direct ones; each group's scale and norm in a run", test_est_rule);
     test_run("train: model files (fp32 v3, bf16 v5) round trip; bad ones refused", test_model_files);

@@ -53,12 +53,13 @@ int state_writer(FILE *f, const void *state) {
     w[36] = s->map;
     w[37] = s->blocksize;
     w[38] = s->optim_digest;
+    w[39] = s->rank1;
     w[STATE_WORDS - 1] = state_checksum(w, STATE_WORDS - 1);
     return fwrite(w, sizeof w, 1, f) == 1 ? 0 : -1;
 }
 
-// The words of a trainer state file of this version: 16 (version 1), 32 (2), STATE_WORDS (3).
-static int64_t state_words(int64_t version) { return version == 1 ? 16 : version == 2 ? 32 : STATE_WORDS; }
+// The words of a trainer state file of this version: 16 (version 1), 32 (2), 40 (3), STATE_WORDS (4).
+static int64_t state_words(int64_t version) { return version == 1 ? 16 : version == 2 ? 32 : version == 3 ? 40 : STATE_WORDS; }
 
 // The words of a trainer state file into w (STATE_WORDS; those an older version lacks left as they
 // are), checked: its size by its version, magic, version and checksum.
@@ -84,8 +85,8 @@ static int state_read_words(int64_t *w, const char *path) {
     return status;
 }
 
-// Version 3's run settings (-l, -u, -q, -c, -g, -M, -K) against the ranges the trainer writes:
-// the message names the first out of it.
+// Version 3's run settings (-l, -u, -q, -c, -g, -M, -K; version 4's -V) against the ranges the
+// trainer writes: the message names the first out of it.
 static int state_check_run_settings(const TrainerState *s, const char *path) {
     const struct { const char *name; double v, hi; const char *range; } d[] = {
         {"the peak learning rate (-l)", s->lr, INFINITY, "finite and >= 0"},
@@ -102,6 +103,9 @@ static int state_check_run_settings(const TrainerState *s, const char *path) {
     if (b != 0 && !(b >= 64 && b <= 4096 && (b & (b - 1)) == 0))
         return train_fail("%s: inconsistent trainer state: the block size (-K) is %lld, expected 0 or a power of two in "
                           "64..4096", path, (long long)b);
+    if (s->rank1 != 0 && s->rank1 != 1)
+        return train_fail("%s: inconsistent trainer state: the second moment's normalization (-V) is %lld, expected 0 "
+                          "(block) or 1 (rank1)", path, (long long)s->rank1);
     return 0;
 }
 
@@ -130,8 +134,8 @@ static int state_check_fields(const TrainerState *s, const char *path) {
     return s->version >= 3 ? state_check_run_settings(s, path) : 0;
 }
 
-// Version 3 (STATE_WORDS words), 2 (32: without words 31..38) or 1 (16, the shape in the checkpoint's
-// model file), each field checked against its range.
+// Version 4 (STATE_WORDS words), 3 (40: without word 39, -V, read as 0), 2 (32: without words 31..38)
+// or 1 (16, the shape in the checkpoint's model file), each field checked against its range.
 int state_load(TrainerState *s, const char *path) {
     int64_t w[STATE_WORDS] = {0};   // version 1 (16 words): the exact rule, no norm (word 23 NaN)
     double none[3] = {NAN, NAN, NAN};
@@ -154,7 +158,7 @@ int state_load(TrainerState *s, const char *path) {
     memcpy(&s->final_lr_frac, &w[33], sizeof(double));
     memcpy(&s->weight_decay, &w[34], sizeof(double));
     memcpy(&s->grad_clip, &w[35], sizeof(double));
-    s->map = w[36]; s->blocksize = w[37]; s->optim_digest = w[38];
+    s->map = w[36]; s->blocksize = w[37]; s->optim_digest = w[38]; s->rank1 = w[39];
     if (state_check_fields(s, path)) return -1;
     int64_t shape[6] = {w[15], w[16], w[17], w[18], w[19], w[20]};
     int shape_ok = 1;
@@ -455,6 +459,7 @@ static int ranks_refused(const char *path, const TrainerState *st, int ranks) {
 // decimal that reads back as the same float.
 static const char *flag_value_text(char *buf, size_t size, char flag, double v) {
     if (flag == 'M') snprintf(buf, size, "%s", v == BNB8_MAP_LINEAR ? "linear" : "dynamic");
+    else if (flag == 'V') snprintf(buf, size, "%s", v == 1 ? "rank1" : "block");
     else if (flag == 'n' || flag == 'u' || flag == 'K') snprintf(buf, size, "%lld", (long long)v);
     else
         for (int digits = 6; digits <= 9; digits++) {
@@ -465,16 +470,17 @@ static const char *flag_value_text(char *buf, size_t size, char flag, double v) 
 }
 
 // The flags that define the run beside those resume_state compares: its schedule (-n, -l, -u, -q),
-// its decay and clip (-c, -g) and its 8-bit states (-M, -K). One left out takes the checkpoint's
-// value, whatever default it would have had (the GPU's too); one given with another value is refused,
-// naming both. Versions 1 and 2 record -n only: the others are this run's, unchecked (noted).
+// its decay and clip (-c, -g) and its states (-M, -K, -V). One left out takes the checkpoint's value,
+// whatever default it would have had (the GPU's too); one given with another value is refused,
+// naming both. Versions 1 and 2 record -n only: the others are this run's, unchecked (noted); version
+// 3 has no word of -V, which was always block then (read as 0, and compared).
 static int resume_run_settings(Trainer *t, const char *path) {
     TrainArgs *a = &t->a;
     const TrainerState *st = &t->resumed;
     const struct { char flag; double run, kept; } f[] = {
         {'n', (double)a->steps, (double)st->steps}, {'l', t->lr, st->lr}, {'u', (double)a->warmup, (double)st->warmup},
         {'q', a->final_lr_frac, st->final_lr_frac}, {'c', t->wd, st->weight_decay}, {'g', a->grad_clip, st->grad_clip},
-        {'M', a->map, (double)st->map}, {'K', (double)a->blocksize, (double)st->blocksize}};
+        {'M', a->map, (double)st->map}, {'K', (double)a->blocksize, (double)st->blocksize}, {'V', a->rank1, (double)st->rank1}};
     int recorded = st->version >= 3 ? (int)(sizeof f / sizeof f[0]) : 1;
     char kept[32], run[32];
     for (int i = 0; i < recorded; i++)
@@ -487,13 +493,13 @@ static int resume_run_settings(Trainer *t, const char *path) {
     a->steps = st->steps;
     if (st->version < 3) {
         if (a->verbose)
-            printf("note: %s is of trainer state version %lld, which records no -l, -u, -q, -c, -g, -M, -K and binds no "
+            printf("note: %s is of trainer state version %lld, which records no -l, -u, -q, -c, -g, -M, -K, -V and binds no "
                    "optimizer file: this run's values are used, unchecked\n", path, (long long)st->version);
         return 0;
     }
     t->lr = (float)st->lr; a->warmup = st->warmup; a->final_lr_frac = (float)st->final_lr_frac;
     t->wd = (float)st->weight_decay; a->grad_clip = (float)st->grad_clip;
-    a->map = (int)st->map; a->blocksize = st->blocksize;
+    a->map = (int)st->map; a->blocksize = st->blocksize; a->rank1 = (int)st->rank1;
     return 0;
 }
 

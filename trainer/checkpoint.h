@@ -19,11 +19,12 @@ another checkpoint, of the same step, is not resumed with it.
 #include "trainer.h"
 
 // The trainer state file: STATE_WORDS little-endian int64, magic and version first, a checksum last.
-// Versions 1 (16 words, the weights in the model file, read as the exact rule) and 2 (32 words, without
-// the words of version 3) still load; their missing fields are not compared on resume.
+// Versions 1 (16 words, the weights in the model file, read as the exact rule), 2 (32 words, without
+// the words of version 3) and 3 (40 words, without version 4's -V) still load; versions 1 and 2's
+// missing fields are not compared on resume, version 3's -V is read as block (all it had).
 #define STATE_MAGIC 20251122
-#define STATE_VERSION 3
-#define STATE_WORDS 40
+#define STATE_VERSION 4
+#define STATE_WORDS 41
 int state_writer(FILE *f, const void *state);   // a file_writer of a TrainerState
 int state_load(TrainerState *s, const char *path);
 

@@ -12,12 +12,20 @@ optimizer file when resuming. Shared by both device rows, which differ only in w
 #include "clip.h"
 #include "nccl.h"
 
+// The length of a row of matrix parameter i (its last dimension: C, or 4C for fcprojw), for the rank-1
+// normalization of 4-bit states' second moment (-V rank1).
+static int64_t param_row_size(const GPT2 *m, int i) {
+    return (int64_t)m->config.channels * (i == GPT2_FCPROJW ? 4 : 1);
+}
+
 // Registers every parameter tensor where t->param and t->grad say, in the run's dtypes, and sets
 // the weights (bf16 + master for bf16 weights) from the fp32 weights of t->model. Biases and
 // layernorm parameters get weight decay 0 (per-name overrides); with StableEmbedding wte keeps
 // 32-bit states, as bitsandbytes' StableEmbedding asks; a release slice takes its whole tensor's
 // state format. 4-bit states: blocks of Li et al.'s 128 for every state (their rank-1 normalization
-// of v trained worse here: DESIGN.md §5.7).
+// of v trained worse here: DESIGN.md §5.7), unless -V rank1 asks for it on the matrices (not
+// StableEmbedding's wte, which keeps 32-bit states; over NCCL a shard of one is refused by the
+// library: its column maxima need every row); -M linear puts zero in v's map.
 static int optimizer_build(Trainer *t) {
     const GPT2 *m = &t->model;
     const Recipe *r = t->recipe;
@@ -28,7 +36,7 @@ static int optimizer_build(Trainer *t) {
     cfg.format = r->states;
     if (r->states == BNB8_STATE_8BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = t->a.blocksize; }
     if (r->states == BNB8_STATE_FLASH) cfg.scale_dtype = scale_dtypes[t->scale].dtype;
-    if (r->states == BNB8_STATE_4BIT) cfg.blocksize = BNB8_BLOCKSIZE_4BIT;
+    if (r->states == BNB8_STATE_4BIT) { cfg.map = (bnb8_map)t->a.map; cfg.blocksize = BNB8_BLOCKSIZE_4BIT; }
     cfg.correction_bytes = lay->correction_bytes;   // every tensor, whatever its states
     cfg.seed = t->a.seed;                           // stochastic rounding's (a resume takes the file's)
     cfg.sum_squares = t->rule == CLIP_PREV;         // the norm the next step clips with
@@ -49,8 +57,11 @@ static int optimizer_build(Trainer *t) {
             void *grad = slice_grad(t, i, l, n);
             int64_t off = 0, count = n;   // several GPUs: this rank's shard of it, or none
             if (!nccl_share(t, optimizer_id(t, i, l), &off, &count, &grad)) continue;
-            if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1 || count < n) {
+            int64_t row = t->a.rank1 && r->states == BNB8_STATE_4BIT && gpt2_param_is_matrix[i] && !stable_wte
+                        ? param_row_size(m, i) : 0;
+            if (!gpt2_param_is_matrix[i] || stable_wte || slices > 1 || count < n || row) {
                 bnb8_config o = cfg;
+                o.row_size = row;
                 if (!gpt2_param_is_matrix[i]) o.weight_decay = 0.0f;
                 if (stable_wte) o.format = BNB8_STATE_32BIT;   // the master stays: cfg names it
                 if (slices > 1) o.min_8bit_size = m->param_sizes[i] >= cfg.min_8bit_size ? 0 : INT64_MAX;

@@ -12,8 +12,9 @@ file or the optimizer: it decides what the run is, the other files do it.
 // On the GPU every recipe is a bf16 mixed-precision run (DESIGN.md §8.7): bf16 weights and gradients,
 // with an fp32 master the optimizer owns and rounds into the weights, an int8 correction each (a
 // near-fp32 master, §6.1), or no master, each step's result rounded stochastically into the weights
-// (§6.6, seeded from -d). Tensors under min_8bit_size and StableEmbedding's wte keep 32-bit states and
-// their master (or its absence). A row's index is the trainer state file's: new rows go last.
+// (§6.6, seeded from -d), or, the ablation of that, rounded to nearest (-rn). Tensors under
+// min_8bit_size and StableEmbedding's wte keep 32-bit states and their master (or its absence). A
+// row's index is the trainer state file's: new rows go last.
 const Recipe recipes[] = {
     {"fp32", BNB8_STATE_32BIT, BNB8_BF16, BNB8_BF16, 4, "32-bit states, fp32 master (llm.c's layout)"},
     {"8bit", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 4, "8-bit block-wise states, fp32 master (bitsandbytes)"},
@@ -22,6 +23,11 @@ const Recipe recipes[] = {
     {"8bit-sr", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, BNB8_CORRECTION_STOCHASTIC,
      "8-bit block-wise states, no master: stochastic rounding"},
     {"4bit-int8", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 1, "4-bit states (Li et al.'s maps, blocks of 128), int8 correction"},
+    {"4bit-sr", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, BNB8_CORRECTION_STOCHASTIC,
+     "4-bit states (Li et al.'s maps, blocks of 128), no master: stochastic rounding"},
+    {"8bit-rn", BNB8_STATE_8BIT, BNB8_BF16, BNB8_BF16, 0, "8-bit block-wise states, no master: rounded to nearest (ablation)"},
+    {"4bit-rn", BNB8_STATE_4BIT, BNB8_BF16, BNB8_BF16, 0,
+     "4-bit states (Li et al.'s maps, blocks of 128), no master: rounded to nearest (ablation)"},
 };
 const int num_recipes = (int)(sizeof recipes / sizeof recipes[0]);
 
@@ -75,7 +81,7 @@ void train_args_default(TrainArgs *a) {
     a->lr = -1.0f; a->weight_decay = -1.0f;
     a->warmup = 10; a->final_lr_frac = 0.1f; a->grad_clip = 1.0f; a->clip_rule = -1;
     a->recipe = "8bit"; a->optimizer = "adamw";
-    a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256; a->scale_dtype = -1;
+    a->map = BNB8_MAP_DYNAMIC; a->blocksize = 256; a->rank1 = 0; a->scale_dtype = -1;
     a->stable_embedding = -1;
     a->eval_every = 50; a->val_batches = 10; a->sample_every = 0; a->gen_tokens = -1; a->ckpt_every = 0;
     a->keep_checkpoints = 0;
@@ -103,10 +109,15 @@ void usage(FILE *f) {
         "  -o <dir>    output directory for checkpoints: each the optimizer file (every weight as the run keeps it,\n"
         "              with its master, and the states) + the trainer state, their bytes per parameter by recipe in\n"
         "              doc/trainer.md; over NCCL an optimizer file per rank, resumed by as many ranks (default none)\n"
-        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash | 8bit-sr | 4bit-int8 (doc/trainer.md)  (default %s)\n"
+        "  -r <name>   recipe (states + master): fp32 | 8bit | 8bit-int8 | flash | 8bit-sr | 4bit-int8 | 4bit-sr, and the\n"
+        "              ablations without a master rounded to nearest: 8bit-rn | 4bit-rn (doc/trainer.md)  (default %s)\n"
         "  -p <name>   optimizer: adamw | lion | sgd  (default %s)\n"
-        "  -M <name>   8bit, 8bit-int8, 8bit-sr: the states' map, dynamic | linear (ablation)  (default dynamic)\n"
-        "  -K <int>    8bit, 8bit-int8, 8bit-sr: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
+        "  -M <name>   8bit*: the states' map, dynamic | linear (ablation); 4bit*: the second moment's map, dynamic\n"
+        "              (Li et al.'s, without zero) | linear (with zero: the zero-point ablation)  (default dynamic)\n"
+        "  -K <int>    8bit*: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
+        "  -V <name>   4bit* with adamw: each matrix's second moment normalized by blocks of 128 | rank1 (Li et al.'s\n"
+        "              min of row and column maxima; over the whole tensor: its L layers' matrices stacked unless\n"
+        "              -R 1; not for NCCL's shards) (default block)\n"
         "  -S <name>   flash: the group scales' dtype, e6m10 | bf16 | fp16 | fp32 (default e6m10; resuming: the\n"
         "              checkpoint's, bf16 for a checkpoint of the version 1 layout)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"
@@ -144,7 +155,7 @@ void usage(FILE *f) {
         "  -y <0|1>    resume from the newest complete checkpoint in -o (a damaged one: the one before); without\n"
         "              it an -o that holds checkpoints is refused. The checkpoint's model, RNG and data position\n"
         "              continue: an -e or -w of another model and an -i of other tokens are refused, -d is not\n"
-        "              used; -n -l -u -q -c -g -M -K left out take the checkpoint's, and given must equal it\n"
+        "              used; -n -l -u -q -c -g -M -K -V left out take the checkpoint's, and given must equal it\n"
         "              (default %d)\n"
         "  -x <int>    stop after this step, checkpointing it into -o (needed); the schedule still spans -n; on\n"
         "              resume, past the checkpoint's step (default off)\n"
@@ -200,7 +211,7 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
         const char *f = argv[i];
         if (strcmp(f, "-h") == 0 || strcmp(f, "--help") == 0) return 1;
         if (f[0] != '-' || !f[1] || f[2]) return train_fail("unexpected argument '%s' (flags are -x value)", f);
-        if (!strchr("ijzeorpMKSDPRCwbtnAluqcgvmsGkLyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
+        if (!strchr("ijzeorpMKVSDPRCwbtnAluqcgvmsGkLyxdNXF", f[1])) return train_fail("unknown flag '%s'", f);
         if (i + 1 >= argc) return train_fail("%s needs a value", f);
         const char *v = argv[i + 1];
         int64_t n = 0;
@@ -231,6 +242,11 @@ int parse_args(int argc, char **argv, TrainArgs *a, char given[128]) {
             else st = train_fail("-M: unknown map '%s' (dynamic, linear)", v);
             break;
         case 'K': st = parse_int(f, v, 0, 4096, &a->blocksize); break;
+        case 'V':
+            if (strcmp(v, "block") == 0) a->rank1 = 0;
+            else if (strcmp(v, "rank1") == 0) a->rank1 = 1;
+            else st = train_fail("-V: unknown normalization '%s' (block, rank1)", v);
+            break;
         case 'S': a->scale_dtype = find_scale_dtype(v);
             if (a->scale_dtype < 0) st = train_fail("-S: unknown scale dtype '%s' (e6m10, bf16, fp16, fp32)", v);
             break;
@@ -290,7 +306,7 @@ int check_settings(Trainer *t, int on_gpu) {
         a->sample_every < 0 || a->ckpt_every < 0 || a->gen_tokens < -1 || a->keep_checkpoints < 0 || !(a->grad_clip >= 0.0f) ||
         !(a->final_lr_frac >= 0.0f && a->final_lr_frac <= 1.0f) || a->device < 0 || a->device > 2 ||
         a->release < 0 || a->release > 1 || a->recompute < 0 || a->recompute > 1 || a->parity < 0 || a->parity > 1 ||
-        a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0)
+        a->map < 0 || a->map >= BNB8_NUM_MAPS || a->blocksize < 0 || a->rank1 < 0 || a->rank1 > 1)
         return train_fail("bad settings: B, T and steps must be >= 1, the others >= 0, final lr fraction in [0, 1]");
     if ((a->resume || a->ckpt_every || a->keep_checkpoints) && !a->out_dir[0])
         return train_fail("checkpoints (-k, -L) and resume (-y) need an output directory (-o)");
@@ -313,8 +329,16 @@ int check_settings(Trainer *t, int on_gpu) {
                           "factor 1 - lr x decay would zero or flip the weights)", (double)t->lr, (double)t->wd,
                           (double)t->lr * t->wd);
     t->lay = run_layout(t->recipe, on_gpu, a->parity);
-    if ((a->map != BNB8_MAP_DYNAMIC || a->blocksize != 256) && t->recipe->states != BNB8_STATE_8BIT)
-        return train_fail("-M and -K set the 8-bit block-wise states' map and block size: they need -r 8bit, 8bit-int8 or 8bit-sr");
+    int four = t->recipe->states == BNB8_STATE_4BIT;
+    if (a->blocksize != 256 && t->recipe->states != BNB8_STATE_8BIT)
+        return train_fail("-K sets the 8-bit block-wise states' block size: it needs -r 8bit, 8bit-int8, 8bit-sr or 8bit-rn");
+    if (a->map != BNB8_MAP_DYNAMIC && t->recipe->states != BNB8_STATE_8BIT && !four)
+        return train_fail("-M sets the 8-bit states' map, or the 4-bit states' second moment's: it needs -r 8bit, 8bit-int8, "
+                          "8bit-sr, 8bit-rn, 4bit-int8, 4bit-sr or 4bit-rn");
+    if (a->rank1 && !four)
+        return train_fail("-V rank1 normalizes the 4-bit states' second moment: it needs -r 4bit-int8, 4bit-sr or 4bit-rn");
+    if (a->rank1 && t->oc->kind != BNB8_ADAMW)
+        return train_fail("-V rank1 normalizes the second moment, which -p %s keeps none of: use -p adamw", t->oc->name);
     if (a->scale_dtype < -1 || a->scale_dtype >= num_scale_dtypes) return train_fail("unknown scale dtype %d", a->scale_dtype);
     if (a->scale_dtype >= 0 && t->recipe->states != BNB8_STATE_FLASH)
         return train_fail("-S sets the flash states' group scale dtype: it needs -r flash");

@@ -12,7 +12,7 @@ one row or one case here, read by the tests without running anything.
 extern const Recipe recipes[];
 extern const int num_recipes;
 int find_recipe(const char *name);   // index, or -1
-#define RECIPE_NAMES "fp32, 8bit, 8bit-int8, flash, 8bit-sr, 4bit-int8"
+#define RECIPE_NAMES "fp32, 8bit, 8bit-int8, flash, 8bit-sr, 4bit-int8, 4bit-sr, 8bit-rn, 4bit-rn"
 
 extern const OptimizerChoice optimizers[];
 extern const int num_optimizers;

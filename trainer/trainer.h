@@ -30,7 +30,8 @@ typedef struct {
     bnb8_state_format states;
     bnb8_dtype weights, grads;   // the persistent weights, the gradients the optimizer reads
     int correction_bytes;        // the master of bf16 weights: 4 an fp32 master, 1 an int8 correction,
-                                 // BNB8_CORRECTION_STOCHASTIC none (stochastic rounding)
+                                 // BNB8_CORRECTION_STOCHASTIC none (stochastic rounding), 0 none (rounded
+                                 // to nearest: the ablation)
     const char *about;
 } Recipe;
 
@@ -65,7 +66,7 @@ typedef struct {
     const char *model;        // descriptor (d12, d4c128h4, ...) or an llm.c .bin model file
     char given[128];          // given[c]: the caller set flag -c (parse_args: it was on the command line).
                               // A resumed run refuses an -e of another shape and -n, -l, -u, -q, -c, -g, -M,
-                              // -K of other values than its checkpoint's; those left out take the checkpoint's
+                              // -K, -V of other values than its checkpoint's; those left out take the checkpoint's
     const char *out_dir;      // checkpoints go here; "" = none
     int64_t B, T, steps;
     int64_t accum;            // micro-batches of (B, T) per optimizer step (gradient accumulation)
@@ -76,8 +77,10 @@ typedef struct {
     float grad_clip;          // global gradient norm clip (0 = off)
     int clip_rule;            // the norm grad_clip clips with: CLIP_EXACT, CLIP_PREV, CLIP_EST, or -1: est under release, else exact
     const char *recipe, *optimizer;
-    int map;                  // 8-bit states' map: BNB8_MAP_DYNAMIC or BNB8_MAP_LINEAR (ablation)
+    int map;                  // 8-bit states' map, or 4-bit states' second moment's: BNB8_MAP_DYNAMIC or
+                              // BNB8_MAP_LINEAR (ablations; 4-bit: v's map with zero)
     int64_t blocksize;        // 8-bit block size, 64..4096, or 0: one absmax per tensor (ablation)
+    int rank1;                // -V: 4-bit states, AdamW: 1 normalizes each matrix's v rank-1 (cfg.row_size), 0 blocks
     int scale_dtype;          // -S, flash only: the group scales' dtype, an index of scale_dtypes[] (0 e6m10,
                               // 1 bf16, 2 fp16, 3 fp32); -1: e6m10, or the checkpoint's when resuming
     int device;               // 0: the GPU when there is one, 1: the CPU, 2: the GPU
@@ -138,6 +141,7 @@ typedef struct {
     // defines the run, and the digest that binds the checkpoint's optimizer files to this state.
     double lr, final_lr_frac, weight_decay, grad_clip;   // -l, -q, -c, -g as the run used them (floats)
     int64_t warmup, map, blocksize;                      // -u, -M, -K
+    int64_t rank1;            // version 4 (word 39): -V, 1 rank1, 0 block (read as 0 from version 3, which had blocks only)
     int64_t optim_digest;     // checkpoint_optim_digest of the checkpoint's optimizer files
 } TrainerState;
 
