@@ -521,10 +521,14 @@ enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4, BNB8_FOUR_SR_LAUNCH = 5 };
 typedef struct {
     bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
     float code[2][256];          // [0] unsigned, [1] signed map of the optimizer (dynamic or linear)
+    // The 4-bit maps of the launch's 4-bit tensors (bnb8_four_map of their cfg.map, one per optimizer),
+    // made here on the host as the 8-bit ones: [0] unsigned, [1] signed. Made in the kernels instead,
+    // v's map with zero (c / 15) put an IEEE division, a subroutine call, into every mode-3 kernel and
+    // ptxas then spilled 8 / 16 bytes more in each.
+    float four[2][BNB8_FOUR_CODES];
     int64_t total_chunks;
     int count;
     int blocked;                 // tensors [0, blocked) have blocks or 32-bit states, the rest blocksize 0
-    int four_map;                // the map of the launch's 4-bit tensors (bnb8_four_map; one per optimizer)
     int64_t blocked_chunks;      // the chunks of tensors [0, blocked)
     unsigned long long taken[3]; // per pass: chunks handed out so far (0 in each upload)
 } bnb8_step_header;
@@ -1328,8 +1332,8 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
 }
 
 // 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH modes 3 and 5): the 16-value maps
-// (the launch's, h->four_map), their thresholds and flash4's units, a shared-memory read each (static:
-// only these kernels hold them).
+// (the launch's, from the header), their thresholds and flash4's units, a shared-memory read each
+// (static: only these kernels hold them).
 struct bnb8_four_smem {
     float map[2][BNB8_FOUR_CODES];   // bnb8_four_map: [0] unsigned, [1] signed
     float t[2][BNB8_FOUR_CODES];     // their thresholds (bnb8_threshold_of), t[15] = +inf
@@ -1526,7 +1530,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     }
     if (FOUR && threadIdx.x < 2 * BNB8_FOUR_CODES) {
         const int sg = threadIdx.x / BNB8_FOUR_CODES, c = threadIdx.x % BNB8_FOUR_CODES;
-        bnb8_four_tables.map[sg][c] = bnb8_four_map(h->four_map, sg, c);
+        bnb8_four_tables.map[sg][c] = h->four[sg][c];
         bnb8_four_tables.unit[sg][c] = bnb8_expand4_unit(c, sg);
     }
     if (FOUR) __syncthreads();   // the maps, before their thresholds
@@ -1867,7 +1871,8 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     h->total_chunks = chunks;
     h->count = count;
     h->blocked = blocked;
-    h->four_map = four_map < 0 ? BNB8_MAP_DYNAMIC : four_map;
+    for (int sg = 0; sg < 2; sg++)
+        for (int c = 0; c < BNB8_FOUR_CODES; c++) h->four[sg][c] = bnb8_four_map(four_map < 0 ? BNB8_MAP_DYNAMIC : four_map, sg, c);
     h->blocked_chunks = blocked_chunks;
     memset(h->taken, 0, sizeof h->taken);
     bnb8_step_header *dh = (bnb8_step_header *)c->upload;
