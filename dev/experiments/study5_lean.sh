@@ -33,6 +33,8 @@ for r in $EXP_LEAN_RECIPES; do run $S "${L}_adamw_$r" -e "$L" -p adamw -r "$r"; 
     run $S "${M}_adamw_${ABLATION_RECIPE}_rank1" -p adamw -r "$ABLATION_RECIPE" $RANK1_FLAG
     run $S "${M}_adamw_${NEAREST_OF}_nearest" -p adamw -r "$NEAREST_OF" $NEAREST_FLAGS
 }
+# A control: fp32 at this commit, against the reference runs made at earlier commits.
+run $S "${M}_adamw_fp32" -p adamw -r fp32
 for r in $EXP_LEAN_SCALE_RELEASE; do run $S "${L}_adamw_${r}_release" -e "$L" -p adamw -r "$r" "${release[@]}"; done
 
 # The references are the fp32 runs of studies 1, 3 and 4 (STUDY/RUN): the first run is the one the
