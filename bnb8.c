@@ -1437,7 +1437,6 @@ static void bnb8_describe_gpu(bnb8_optimizer *opt, bnb8_tensor *t, int id, float
     g->rows = t->rows;
     g->row_size = t->row_size;
     g->rank1_k = t->rank1_k;
-    g->four_map = t->format == BNB8_STATE_4BIT ? (int32_t)t->cfg.map : 0;
     g->percentile = t->cfg.percentile_clipping;
     g->args = bnb8_step_args_for(opt->kind, &opt->cfg, t, lr, gnorm_scale);
     g->format = t->format;
@@ -1481,10 +1480,13 @@ static bnb8_status bnb8_step_gpu(bnb8_optimizer *opt, const int *ids, int count,
         }
         if (!stochastic) nearest = m;
     }
-    float (*code)[256] = opt->code[opt->cfg.map];   // bnb8_optimizer_add keeps GPU tensors on this map
-    if (nearest > 0) status = bnb8_cuda_step(&opt->gpu_context, d, nearest, code[0], code[1], opt->books[opt->cfg.map], stream);
+    int map = opt->cfg.map;   // bnb8_optimizer_add keeps GPU tensors on the optimizer's map
+    const float (*four)[BNB8_FOUR_CODES] = (const float (*)[BNB8_FOUR_CODES])opt->four[map];
+    if (nearest > 0)
+        status = bnb8_cuda_step(&opt->gpu_context, d, nearest, opt->code[map][0], opt->code[map][1], four, opt->books[map], stream);
     if (!status && m > nearest)
-        status = bnb8_cuda_step(&opt->gpu_context, d + nearest, m - nearest, code[0], code[1], opt->books[opt->cfg.map], stream);
+        status = bnb8_cuda_step(&opt->gpu_context, d + nearest, m - nearest, opt->code[map][0], opt->code[map][1], four,
+                                opt->books[map], stream);
     free(d);
     return status;
 }

@@ -1269,8 +1269,6 @@ typedef struct {
     void *scale[2];              // flash and flash4 states: (ceil(n / 32)) scales per state
     int64_t rows, row_size;      // 4-bit states of a matrix: state rank1_k is rank-1 normalized; else 0
     int32_t rank1_k;
-    int32_t four_map;            // 4-bit states: their map (cfg.map, bnb8_four_map), the same for every
-                                 // 4-bit tensor of a launch; else 0
     unsigned *rank1_max;         // filled by bnb8_cuda.cu: the step's new row and column maxima (float bits)
     double *sum_squares;         // (1) where this step's sum of g^2 goes (cfg.sum_squares), else NULL
     const float *gnorm_scale_at; // cfg.gnorm_scale_at: a device float args.gnorm_scale is multiplied by, or NULL
@@ -1283,7 +1281,8 @@ typedef struct {
 // tensor rounds stochastically (rounding.on: kernels of their own) or none does.
 bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                            const float code_unsigned[256], const float code_signed[256],
-                           const bnb8_codebook books[2], struct CUstream_st *stream);
+                           const float four_maps[2][BNB8_FOUR_CODES], const bnb8_codebook books[2],
+                           struct CUstream_st *stream);
 bnb8_status bnb8_cuda_take_nonfinite(void *context, int64_t *count);
 void bnb8_cuda_context_free(void *context);
 // Memory helpers for bnb8.c: is p GPU memory; allocate zeroed; free; copy (to_device: host -> GPU).

@@ -521,8 +521,8 @@ enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4, BNB8_FOUR_SR_LAUNCH = 5 };
 typedef struct {
     bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
     float code[2][256];          // [0] unsigned, [1] signed map of the optimizer (dynamic or linear)
-    // The 4-bit maps of the launch's 4-bit tensors (bnb8_four_map of their cfg.map, one per optimizer),
-    // made here on the host as the 8-bit ones: [0] unsigned, [1] signed. Made in the kernels instead,
+    // The optimizer's 4-bit maps (bnb8_four_map of cfg.map), made on the host as the 8-bit ones:
+    // [0] unsigned, [1] signed. Made in the kernels instead,
     // v's map with zero (c / 15) put an IEEE division, a subroutine call, into every mode-3 kernel and
     // ptxas then spilled 8 / 16 bytes more in each.
     float four[2][BNB8_FOUR_CODES];
@@ -1809,7 +1809,8 @@ static int64_t bnb8_maxima_of(const bnb8_gpu_tensor *t) { return t->row_size > 0
 
 extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *tensors, int count,
                                       const float code_unsigned[256], const float code_signed[256],
-                                      const bnb8_codebook books[2], cudaStream_t stream) {
+                                      const float four_maps[2][BNB8_FOUR_CODES], const bnb8_codebook books[2],
+                                      cudaStream_t stream) {
     const char *fn = "bnb8_optimizer_step";
     if (count <= 0) return BNB8_OK;
     bnb8_status status = *context ? BNB8_OK : bnb8_context_create((bnb8_cuda_context **)context);
@@ -1827,17 +1828,13 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     bnb8_gpu_tensor *t = (bnb8_gpu_tensor *)((char *)staging + header_bytes);
     memcpy(h->code[0], code_unsigned, sizeof h->code[0]);
     memcpy(h->code[1], code_signed, sizeof h->code[1]);
+    memcpy(h->four, four_maps, sizeof h->four);
     memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
     int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0, four = 0, rank1 = 0;
-    int stochastic = 0, four_map = -1;
+    int stochastic = 0;
     for (int i = 0; i < count; i++) {
         stochastic += tensors[i].rounding.on != 0;
-        if (tensors[i].format == BNB8_STATE_4BIT) {
-            if (four_map >= 0 && tensors[i].four_map != four_map)   // bnb8.c keeps GPU tensors on the optimizer's map
-                return bnb8_fail(BNB8_ERR_ARG, "%s: 4-bit tensors of two maps in one launch", fn);
-            four_map = tensors[i].four_map;
-        }
         int blocks = tensors[i].eight_bit || tensors[i].format == BNB8_STATE_4BIT;
         if (blocks && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
@@ -1871,8 +1868,6 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     h->total_chunks = chunks;
     h->count = count;
     h->blocked = blocked;
-    for (int sg = 0; sg < 2; sg++)
-        for (int c = 0; c < BNB8_FOUR_CODES; c++) h->four[sg][c] = bnb8_four_map(four_map < 0 ? BNB8_MAP_DYNAMIC : four_map, sg, c);
     h->blocked_chunks = blocked_chunks;
     memset(h->taken, 0, sizeof h->taken);
     bnb8_step_header *dh = (bnb8_step_header *)c->upload;

@@ -17,9 +17,9 @@ S=study5_lean
 # NAME with these flags; results.py compares the two).
 : "${ZERO_MAP_FLAGS:=-M linear}"       # v's 4-bit map with zero in it
 : "${RANK1_FLAG:=-V rank1}"            # rank-1 normalization of v on the matrices (the recipes have none: blocks of 128)
-: "${NEAREST_FLAGS:=-r 4bit-rn}"       # nearest rounding without a master
+: "${NEAREST_RECIPE:=4bit-rn}"      # nearest rounding without a master: 4bit-sr's states, weights rounded to nearest
 : "${ABLATION_RECIPE:=4bit-int8}"      # the recipe of the map and rank-1 ablations
-: "${NEAREST_OF:=4bit-sr}"             # the stochastically rounded recipe that nearest rounding replaces
+: "${NEAREST_OF:=4bit-sr}"             # the stochastically rounded recipe that NEAREST_RECIPE replaces
 M=$EXP_MODEL L=$EXP_SCALE_MODEL
 
 # Release steps each layer inside backward: clipped with the trainer's rule for release (-N), as in study 1.
@@ -31,7 +31,7 @@ for r in $EXP_LEAN_RECIPES; do run $S "${L}_adamw_$r" -e "$L" -p adamw -r "$r"; 
 {
     run $S "${M}_adamw_${ABLATION_RECIPE}_zeromap" -p adamw -r "$ABLATION_RECIPE" $ZERO_MAP_FLAGS
     run $S "${M}_adamw_${ABLATION_RECIPE}_rank1" -p adamw -r "$ABLATION_RECIPE" $RANK1_FLAG
-    run $S "${M}_adamw_${NEAREST_OF}_nearest" -p adamw -r "$NEAREST_OF" $NEAREST_FLAGS
+    run $S "${M}_adamw_${NEAREST_OF}_nearest" -p adamw -r "$NEAREST_RECIPE"
 }
 # A control: fp32 at this commit, against the reference runs made at earlier commits.
 run $S "${M}_adamw_fp32" -p adamw -r fp32
