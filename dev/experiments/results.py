@@ -333,6 +333,26 @@ def lean_recipes(md, runs, listed, seeds):
     md.append(table(head, rows))
     if compared:
         md.append(f'\nAt the quality bar: {ok} of the {compared} runs compared.\n')
+    lean_seed_means(md, [r for _, r in runs if r is not None and done(r) and not released(r)], seeds)
+
+
+def lean_seed_means(md, runs, seeds):
+    """A recipe run with two or more seeds on one model: its mean and spread beside fp32's over the
+    same seeds, which says whether a difference at one seed is more than seed noise."""
+    by = {}
+    for r in runs:
+        by.setdefault((r['model'], r['shape'], r['lr'], r['recipe']), {})[seed(r)] = r['final_val']
+    for (model, shape, lr, recipe), vals in sorted(by.items()):
+        base = seeds.get((model, shape, lr), {})
+        common = sorted(d for d in vals if d in base)
+        if recipe == 'fp32' or len(common) < 2:
+            continue
+        mine = [vals[d] for d in common]
+        ref = [base[d]['final_val'] for d in common]
+        md.append(f'- `{recipe}` {model} over seeds {", ".join(common)}: mean {statistics.mean(mine):.4f} '
+                  f'(spread {max(mine) - min(mine):.4f}), fp32 over the same seeds {statistics.mean(ref):.4f} '
+                  f'(spread {max(ref) - min(ref):.4f}): {100 * (statistics.mean(mine) - statistics.mean(ref)) / statistics.mean(ref):+.2f}%.')
+    md.append('')
 
 
 def lean_ablations(md, runs, listed, seeds):
@@ -482,4 +502,5 @@ def main():
                   f"{'—' if r['bpp'] is None else format(r['bpp'], '.3f'):>7} {memory(r):>9}  {status(r)[:60]}")
 
 
-main()
+if __name__ == '__main__':
+    main()
