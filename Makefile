@@ -38,7 +38,7 @@ endif
 
 # the GPU trainer test links CUDA; the harness (test.h's runner) is built once, for every test program
 TEST_SRCS := $(filter-out test/test_train_gpu.c test/test_harness.c,$(wildcard test/test_*.c))
-HEADERS   := bnb8.h test/test.h
+HEADERS   := bnb8.h test/test.h test/checkpoint_bytes.h
 # The trainer: its main file (the run) and its rooms in trainer/ (settings, tensors, checkpoints,
 # clipping, NCCL, the optimizer, the two device rows, the CPU model and the data side; gpt2_cuda.cu
 # joins in the CUDA build). No -Itrainer: trainer/nccl.h would hide NCCL's own <nccl.h>, so the files
@@ -229,7 +229,7 @@ GPT2_REF_OBJS := $(BUILD)/gpt2_cpu_ref.o $(BUILD)/gpt2_cpu.o $(BUILD)/gpt2_data.
 $(BUILD)/test_gpt2_cuda: test/test_gpt2_cuda.cu $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a trainer/gpt2_cuda.h test/gpt2_cpu_ref.h bnb8.h test/test.h | $(BUILD)
 	$(NVCC) $(NVCCFLAGS) $< $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(GPT2_REF_OBJS) $(BUILD)/libbnb8.a -o $@ -Xcompiler -fopenmp -lgomp -lcublasLt
 
-$(BUILD)/test_train_gpu: test/test_train_gpu.c $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a test/test.h | $(BUILD)
+$(BUILD)/test_train_gpu: test/test_train_gpu.c test/checkpoint_bytes.h $(TRAIN_SRCS) $(TRAIN_HEADERS) $(BUILD)/test_harness.o $(BUILD)/gpt2_cuda.o $(BUILD)/libbnb8.a test/test.h | $(BUILD)
 	$(CC) $(CFLAGS) $(TRAIN_CUDA_FLAGS) -DTRAIN_NO_MAIN $< $(TRAIN_SRCS) $(BUILD)/test_harness.o -o $@ $(TRAIN_CUDA_LIBS) $(LDLIBS)
 
 ifneq ($(NVCC),)

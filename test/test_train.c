@@ -19,6 +19,7 @@ measured numbers (gradient errors, losses, the 8-bit vs fp32 gap).
 #include "trainer/checkpoint.h"
 #include "trainer/clip.h"
 #include "trainer/device.h"
+#include "test/checkpoint_bytes.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -572,16 +573,6 @@ static void resume_case(const char *recipe, const char *optimizer, int stable, i
     test_remove_tree(dir_b, 1);
 }
 
-// Checkpoint sizes (DESIGN.md §8.4), measured from the files of each recipe on the CPU against the
-// bytes its formats give, tensor by tensor: per record 4 + name + 40 + payload + 4 bytes, the payload
-// the weights as kept (fp32 for fp32 and 8bit, whose fp32 weights are their own master; bf16 + an int8
-// correction for flash, 8bit-int8 and 4bit-int8; bf16 alone for 8bit-sr and 4bit-sr, whose records of version 4
-// hold 24 bytes more: the shard's offset and total, the rounding's seed; and for 8bit-rn and 4bit-rn)
-// and AdamW's two states (32-bit under 4096 elements and for fp32; 8-bit codes + an fp32 absmax per
-// 256; flash codes + a bf16 scale per 32; 4-bit codes + an fp32 absmax per 128); the optimizer file's
-// 24-byte header, the trainer state's STATE_WORDS words, an empty DONE. A tensor of a multiple of 256
-// elements (wte, 4096) costs exactly the recipe's target per parameter: 12, 6.03125, 5.03125, 5.125,
-// 4.03125, 4.0625, 3.0625, 4.03125, 3.0625.
 // -l 0 changes no weight (the checks that compare final weights across layouts use it): the masters
 // after 1 and after 3 steps at lr 0 are equal bit for bit, and 1 step at lr 1e-2 moves them.
 static void test_zero_lr(void) {
@@ -624,6 +615,10 @@ static void test_zero_lr(void) {
     EXPECT(a.lr < 0.0f, "-l left out: the optimizer's (negative), got %g", (double)a.lr);
 }
 
+// Checkpoint sizes (DESIGN.md §8.4), measured from the files of each recipe on the CPU against the
+// bytes its formats give, tensor by tensor (test/checkpoint_bytes.h); the trainer state's STATE_WORDS
+// words, an empty DONE. A tensor of a multiple of 256 elements (wte, 4096) costs exactly the recipe's
+// target per parameter: 12, 6.03125, 5.03125, 5.125, 4.03125, 4.0625, 3.0625, 4.03125, 3.0625.
 static void test_checkpoint_sizes(void) {
     enum { R = 9 };
     const char *rec[R] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr", "4bit-int8", "4bit-sr", "8bit-rn", "4bit-rn"};
@@ -638,26 +633,10 @@ static void test_checkpoint_sizes(void) {
         if (train_run(&a, &r)) { EXPECT(0, "%s: %s", rec[k], train_error_text); continue; }
         GPT2Config c;
         gpt2_config_from_descriptor(&c, a.model);
-        c.stable_embedding = 0;
         int64_t sizes[GPT2_NUM_PARAMS], P = 0;
         gpt2_param_sizes(&c, sizes);
-        const Recipe *rp = &recipes[find_recipe(rec[k])];
-        int fp32 = rp->correction_bytes == 4;   // on the CPU: fp32 weights, their own master
-        int sr = rp->correction_bytes == BNB8_CORRECTION_STOCHASTIC;   // bf16 weights alone; records of version 4
-        int corr = rp->correction_bytes == 1;                           // an int8 correction beside bf16 weights
-        double want = 24.0, wte_payload = 0.0;
-        for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
-            if (!sizes[i]) continue;
-            double n = (double)sizes[i], weights = fp32 ? 4 * n : corr ? 2 * n + n : 2 * n;
-            double per_state = sizes[i] < 4096 || rp->states == BNB8_STATE_32BIT ? 4 * n
-                             : rp->states == BNB8_STATE_8BIT ? n + 4.0 * (double)((sizes[i] + 255) / 256)
-                             : rp->states == BNB8_STATE_4BIT ? (double)((sizes[i] + 1) / 2) + 4.0 * (double)((sizes[i] + 127) / 128)
-                             : n + 2.0 * (double)((sizes[i] + 31) / 32);
-            double payload = weights + 2 * per_state;
-            if (i == GPT2_WTE) wte_payload = payload;
-            want += 4 + (double)strlen(gpt2_param_names[i]) + (sr ? 64 : 40) + payload + 4;   // v4: shard, seed
-            P += sizes[i];
-        }
+        for (int i = 0; i < GPT2_NUM_PARAMS; i++) P += sizes[i];
+        double wte_payload = 0.0, want = checkpoint_optimizer_bytes(a.model, rec[k], 0, 0, &wte_payload);
         checkpoint_path(path, sizeof path, dir, "optim", 2, ".bin");
         struct stat st;
         double optim = stat(path, &st) == 0 ? (double)st.st_size : -1;

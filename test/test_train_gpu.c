@@ -43,6 +43,7 @@ Data: the embedded fortunes files. The last line is "N passed, M failed"; exit s
 #include "trainer/checkpoint.h"
 #include "trainer/clip.h"
 #include "trainer/device.h"
+#include "test/checkpoint_bytes.h"
 #include "test/test.h"
 #include <stdlib.h>
 #include <string.h>
@@ -283,53 +284,28 @@ static void test_accumulation(void) {
            train_error_text);
 }
 
-// A checkpoint's bytes by the formats (DESIGN.md §8.4), tensor by tensor as the trainer registers them
-// (under release each per-layer tensor as L slices "name.l" with its whole tensor's states): per record
-// 4 + name + 40 + payload + 4, the payload the weights as kept and AdamW's two states; the optimizer
-// file's 24-byte header and the trainer state's 8 x STATE_WORDS bytes. The bf16 model keeps an fp32
-// master and no weights in the file (fp32, 8bit: their weights are RNE(master)) or bf16 weights + an int8
-// correction (8bit-int8, flash); the fp32 parity model fp32 weights.
-static double expected_checkpoint_bytes(const char *desc, const char *recipe, int parity, int release) {
-    GPT2Config c;
-    gpt2_config_from_descriptor(&c, desc);
-    c.stable_embedding = 0;
-    int64_t sizes[GPT2_NUM_PARAMS];
-    gpt2_param_sizes(&c, sizes);
-    const Recipe *r = &recipes[find_recipe(recipe)];
-    double bytes = 24.0 + 8.0 * STATE_WORDS;   // the optimizer file's header, the trainer state
-    for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
-        if (!sizes[i]) continue;
-        int64_t slices = release && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
-        for (int64_t l = 0; l < slices; l++) {
-            char name[64];
-            if (slices > 1) snprintf(name, sizeof name, "%s.%lld", gpt2_param_names[i], (long long)l);
-            else snprintf(name, sizeof name, "%s", gpt2_param_names[i]);
-            double weights = parity || r->correction_bytes == 4 ? 4.0 * (double)n : 3.0 * (double)n;
-            double per_state = sizes[i] < 4096 || r->states == BNB8_STATE_32BIT ? 4.0 * (double)n
-                             : r->states == BNB8_STATE_8BIT ? (double)n + 4.0 * (double)((n + 255) / 256)
-                             : (double)n + 2.0 * (double)((n + 31) / 32);
-            bytes += 4 + (double)strlen(name) + 40 + weights + 2 * per_state + 4;
-        }
-    }
-    return bytes;
-}
-
+// Stop at step 3 and resume to 6 equals 6 straight steps, bit for bit, for every recipe (the lean ones
+// too: stochastic rounding draws from (seed, step, tensor, element), which the checkpoint keeps), and
+// the checkpoint holds the bytes its formats give (test/checkpoint_bytes.h) and the trainer state.
 static void test_resume(void) {
-    const char *recipes_[] = {"fp32", "8bit", "8bit-int8", "flash", "flash", "8bit"};
-    const char *what[] = {"", "", "", "", " + release", " (fp32 parity model)"};
+    const char *recipes_[] = {"fp32", "8bit", "8bit-int8", "flash", "flash", "8bit", "8bit-sr", "4bit-int8", "4bit-sr",
+                              "4bit-sr"};
+    const char *what[] = {"", "", "", "", " + release", " (fp32 parity model)", "", "", "", " + release"};
+    enum { CASES = sizeof recipes_ / sizeof recipes_[0] };
     int64_t n = num_params("d2c64h2");
     float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n);
-    for (int k = 0; k < 6 && p0 && p1; k++) {
+    for (int k = 0; k < CASES && p0 && p1; k++) {
         float l0[6], l1[6];
         TrainArgs a;
         small_args(&a, recipes_[k], "adamw", 6, 2);
-        if (k == 4) a.release = 1;   // clipped at 1 by est (the default under release): its profile is in the checkpoint
+        // clipped at 1 by est (the default under release): its profile is in the checkpoint
+        a.release = strcmp(what[k], " + release") == 0;
         a.parity = k == 5;
         test_remove_tree(scratch, 1);
         a.out_dir = scratch;
         TrainResult r0;
         int ok = run(&a, l0, p0, n, &r0) == 0;
-        double want = expected_checkpoint_bytes("d2c64h2", recipes_[k], a.parity, a.release);
+        double want = checkpoint_optimizer_bytes("d2c64h2", recipes_[k], a.parity, a.release, NULL) + 8.0 * STATE_WORDS;
         EXPECT(!ok || (double)r0.checkpoint_bytes == want, "%s%s: checkpoint of %lld bytes, the formats give %.0f",
                recipes_[k], what[k], (long long)r0.checkpoint_bytes, want);
         if (ok) printf("  checkpoint: %s%s: %lld bytes, %.4f bytes per parameter (%.0f by the formats)\n", recipes_[k], what[k],
