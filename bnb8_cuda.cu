@@ -1751,9 +1751,18 @@ static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, i
     return bnb8_launch_update<KIND, 0, PASS>(c, rows, chunks, dh, dt, stream);
 }
 
+// -DBNB8_ONLY_ADAMW (`make ONLY_ADAMW=1`, a development build): the AdamW kernels alone, the same code
+// as in the full build, which compiles in a fraction of the time; for the benchmarks, whose optimizer
+// rows are AdamW. Every other kind is refused.
 template <int PASS>
 static bnb8_status bnb8_launch_pass(bnb8_cuda_context *c, int kind, int flash, int rows, int64_t chunks,
                                     bnb8_step_header *dh, const bnb8_gpu_tensor *dt, cudaStream_t stream) {
+#ifdef BNB8_ONLY_ADAMW
+    if (kind != BNB8_ADAMW)
+        return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_step: optimizer kind %d: this bnb8_cuda.cu was built with "
+                         "-DBNB8_ONLY_ADAMW (AdamW alone)", kind);
+    return bnb8_launch_kind<BNB8_ADAMW, PASS>(c, flash, rows, chunks, dh, dt, stream);
+#else
     switch (kind) {
     case BNB8_ADAMW: return bnb8_launch_kind<BNB8_ADAMW, PASS>(c, flash, rows, chunks, dh, dt, stream);
     case BNB8_ADAM: return bnb8_launch_kind<BNB8_ADAM, PASS>(c, flash, rows, chunks, dh, dt, stream);
@@ -1766,6 +1775,7 @@ static bnb8_status bnb8_launch_pass(bnb8_cuda_context *c, int kind, int flash, i
     case BNB8_ADEMAMIX: return bnb8_launch_kind<BNB8_ADEMAMIX, PASS>(c, flash, rows, chunks, dh, dt, stream);
     default: return bnb8_fail(BNB8_ERR_ARG, "bnb8_optimizer_step: optimizer kind %d", kind);
     }
+#endif
 }
 
 // After both passes of the blocksize-0 tensors [first, end): each state's max becomes its absmax (the
