@@ -288,27 +288,28 @@ static void test_accumulation(void) {
 // too: stochastic rounding draws from (seed, step, tensor, element), which the checkpoint keeps), and
 // the checkpoint holds the bytes its formats give (test/checkpoint_bytes.h) and the trainer state.
 static void test_resume(void) {
-    const char *recipes_[] = {"fp32", "8bit", "8bit-int8", "flash", "flash", "8bit", "8bit-sr", "4bit-int8", "4bit-sr",
-                              "4bit-sr"};
-    const char *what[] = {"", "", "", "", " + release", " (fp32 parity model)", "", "", "", " + release"};
-    enum { CASES = sizeof recipes_ / sizeof recipes_[0] };
+    // release: clipped at 1 by est (the default under release), whose profile is in the checkpoint
+    static const struct { const char *recipe; int release, parity; } cases[] = {
+        {"fp32", 0, 0}, {"8bit", 0, 0}, {"8bit-int8", 0, 0}, {"flash", 0, 0}, {"flash", 1, 0}, {"8bit", 0, 1},
+        {"8bit-sr", 0, 0}, {"4bit-int8", 0, 0}, {"4bit-sr", 0, 0}, {"4bit-sr", 1, 0}};
     int64_t n = num_params("d2c64h2");
     float *p0 = malloc(4 * (size_t)n), *p1 = malloc(4 * (size_t)n);
-    for (int k = 0; k < CASES && p0 && p1; k++) {
+    for (int k = 0; k < (int)(sizeof cases / sizeof cases[0]) && p0 && p1; k++) {
         float l0[6], l1[6];
+        const char *recipe = cases[k].recipe;
+        const char *what = cases[k].release ? " + release" : cases[k].parity ? " (fp32 parity model)" : "";
         TrainArgs a;
-        small_args(&a, recipes_[k], "adamw", 6, 2);
-        // clipped at 1 by est (the default under release): its profile is in the checkpoint
-        a.release = strcmp(what[k], " + release") == 0;
-        a.parity = k == 5;
+        small_args(&a, recipe, "adamw", 6, 2);
+        a.release = cases[k].release;
+        a.parity = cases[k].parity;
         test_remove_tree(scratch, 1);
         a.out_dir = scratch;
         TrainResult r0;
         int ok = run(&a, l0, p0, n, &r0) == 0;
-        double want = checkpoint_optimizer_bytes("d2c64h2", recipes_[k], a.parity, a.release, NULL) + 8.0 * STATE_WORDS;
+        double want = checkpoint_optimizer_bytes("d2c64h2", recipe, a.parity, a.release, NULL) + 8.0 * STATE_WORDS;
         EXPECT(!ok || (double)r0.checkpoint_bytes == want, "%s%s: checkpoint of %lld bytes, the formats give %.0f",
-               recipes_[k], what[k], (long long)r0.checkpoint_bytes, want);
-        if (ok) printf("  checkpoint: %s%s: %lld bytes, %.4f bytes per parameter (%.0f by the formats)\n", recipes_[k], what[k],
+               recipe, what, (long long)r0.checkpoint_bytes, want);
+        if (ok) printf("  checkpoint: %s%s: %lld bytes, %.4f bytes per parameter (%.0f by the formats)\n", recipe, what,
                        (long long)r0.checkpoint_bytes, (double)r0.checkpoint_bytes / (double)n, want);
         test_remove_tree(scratch, 1);
         memset(l1, 0, sizeof l1);
@@ -317,11 +318,11 @@ static void test_resume(void) {
         a.stop_after = 0; a.resume = 1;
         memset(p1, 0xff, 4 * (size_t)n);
         ok = ok && run(&a, l1, p1, n, NULL) == 0;
-        EXPECT(ok, "resume runs (%s)", recipes_[k]);
+        EXPECT(ok, "resume runs (%s)", recipe);
         if (!ok) continue;
         int same = memcmp(l0, l1, sizeof l0) == 0 && memcmp(p0, p1, 4 * (size_t)n) == 0;
-        EXPECT(same, "%s%s: stop at 3 + resume to 6 differs from 6 straight steps", recipes_[k], what[k]);
-        printf("  resume: %s%s, stop at step 3 and resume to 6: %s\n", recipes_[k], what[k], same ? "bit-identical" : "DIFFERENT");
+        EXPECT(same, "%s%s: stop at 3 + resume to 6 differs from 6 straight steps", recipe, what);
+        printf("  resume: %s%s, stop at step 3 and resume to 6: %s\n", recipe, what, same ? "bit-identical" : "DIFFERENT");
     }
     test_remove_tree(scratch, 1);
     free(p0); free(p1);
