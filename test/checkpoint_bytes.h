@@ -3,7 +3,8 @@
 // trainer/settings.h before it.
 //
 // Tensor by tensor as the trainer registers them (StableEmbedding off: every tensor by the recipe's
-// rule; under release each per-layer tensor as L slices "name.l"): per record 4 + name + a header of
+// rule; under release, and whenever the weights round stochastically, each per-layer tensor as L
+// slices "name.l"; the -N exact rule): per record 4 + name + a header of
 // 40 bytes (64 when the weights round stochastically: the rounding's shard and seed) + payload + 4.
 // The payload is the weights as kept and AdamW's two states. The weights: fp32 for an fp32 master (its
 // bf16 weights are RNE(master)) or the fp32 parity model, bf16 + the correction for an int8 or int16
@@ -23,11 +24,11 @@ static double checkpoint_optimizer_bytes(const char *desc, const char *recipe, i
     int64_t sizes[GPT2_NUM_PARAMS];
     gpt2_param_sizes(&c, sizes);
     const Recipe *r = &recipes[find_recipe(recipe)];
-    const int cb = r->correction_bytes, stochastic = cb == BNB8_CORRECTION_STOCHASTIC;
+    const int cb = r->correction_bytes, stochastic = !parity && cb == BNB8_CORRECTION_STOCHASTIC;
     double bytes = 24.0;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         if (!sizes[i]) continue;
-        int64_t slices = release && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
+        int64_t slices = (release || stochastic) && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
         for (int64_t l = 0; l < slices; l++) {
             char name[64];
             if (slices > 1) snprintf(name, sizeof name, "%s.%lld", gpt2_param_names[i], (long long)l);

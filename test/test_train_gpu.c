@@ -158,9 +158,9 @@ static void test_bf16_losses(void) {
     }
 }
 
-// Every recipe: the per-layer slices (8-bit blocks of 256 and 4-bit blocks of 128 align with them; a
-// stochastically rounded slice draws the bits of its place in the whole tensor) step as the whole
-// tensors do.
+// Every recipe: the per-layer slices (8-bit blocks of 256 and 4-bit blocks of 128 align with them) step
+// as the whole tensors do; weights rounded stochastically are sliced with release and without (their
+// random bits follow the tensor's name: trainer/tensors.c).
 static void test_release_equal(void) {
     static const char *recipes_[] = {"fp32", "8bit", "8bit-int8", "flash", "8bit-sr", "4bit-int8", "4bit-sr"};
     int64_t n = num_params("d2c64h2");
@@ -511,8 +511,13 @@ int main(void) {
     test_run("trainer: flash + recompute = flash, bit for bit", test_recompute_equal);
     test_run("trainer: B=2 x 2 micro-batches trains as B=4; release refuses -A 2 and -N exact", test_accumulation);
     test_run("trainer: stop and resume is bit-exact (every recipe, flash + release, 8bit -P fp32)", test_resume);
+#ifdef TRAIN_NCCL
     test_run("trainer: the NCCL path with one rank = the plain GPU path, bit for bit, -N prev, exact and est", test_nccl_one_rank);
     test_run("trainer: NCCL checkpoints, one rank: stop and resume bit-exact, fall back, another N refused", test_nccl_resume);
+#else
+    printf("skip trainer: the NCCL path (this build has no NCCL: make looks for it in NCCL_HOME, the CUDA toolkit and "
+           "pip's nvidia-nccl)\n");
+#endif
     test_run("trainer: d12 bytes per parameter, device memory within 5%", test_memory_d12);
     return test_summary();
 }

@@ -117,7 +117,7 @@ void usage(FILE *f) {
         "  -K <int>    8bit*: block size 64..4096 (a power of two), 0 = one per tensor (default %lld)\n"
         "  -V <name>   4bit* with adamw: each matrix's second moment normalized by blocks of 128 | rank1 (Li et al.'s\n"
         "              min of row and column maxima; over the whole tensor: its L layers' matrices stacked unless\n"
-        "              -R 1; not for NCCL's shards) (default block)\n"
+        "              -R 1, -N prev or est, or 4bit-sr; not for NCCL's shards) (default block)\n"
         "  -S <name>   flash: the group scales' dtype, e6m10 | bf16 | fp16 | fp32 (default e6m10; resuming: the\n"
         "              checkpoint's, bf16 for a checkpoint of the version 1 layout)\n"
         "  -D <name>   device: auto (the GPU when this build has one and it is there) | cpu | gpu  (default auto)\n"

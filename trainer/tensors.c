@@ -11,9 +11,12 @@ clipping rules, the checkpoints and NCCL all number the tensors alike.
 // tensor is registered as L slices, "qkvw.0" .. "qkvw.L-1", so that a layer's slices can be stepped
 // as soon as backward has its gradients; so is it under the prev and est clipping rules (prev sums
 // the optimizer's per-tensor sums, est steps layer by layer): the same tensors make the same bits
-// with release and without.
+// with release and without. So is it for weights rounded stochastically, whatever the rule: a tensor's
+// random bits follow its name (DESIGN.md §6.6), and a slice named "qkvw.3" draws other bits than the
+// same elements of "qkvw" would.
 int64_t slices_of(const Trainer *t, int L, int i) {   // in a model of L layers
-    return (t->a.release || t->rule != CLIP_EXACT) && gpt2_param_is_layer(i) ? L : 1;
+    int sliced = t->a.release || t->rule != CLIP_EXACT || t->lay.correction_bytes == BNB8_CORRECTION_STOCHASTIC;
+    return sliced && gpt2_param_is_layer(i) ? L : 1;
 }
 int64_t tensor_slices(const Trainer *t, int i) { return slices_of(t, t->model.config.num_layers, i); }
 // Slice l (of n elements) of tensor i's gradients, where the optimizer reads them; under release the
