@@ -1380,15 +1380,16 @@ __device__ void bnb8_rank1_maxima(const bnb8_gpu_tensor &t, int64_t base, const 
 // flash4 under each group's new scale (8 lanes). PASS: a rank-1 tensor's two passes; BNB8_PASS_MAX
 // stores nothing and takes the non-negative state's row and column maxima into t.rank1_max (atomicMax
 // of the float bits of values > 0, which order as the floats do: exact in any order; a thread's
-// elements of one row combined first), and BNB8_PASS_STORE codes that state under them. Out of line,
-// so that its registers do not weigh on the launch's other paths (flash, 8-bit with masters):
-// inlined, ptxas -v gave the mode-3 kernel of R = 2 AdamW 280 / 880 bytes of spill stores / loads
-// against mode 2's 80 / 96.
+// elements of one row combined first), and BNB8_PASS_STORE codes that state under them. Inlined:
+// out of line, the function's own spills ran on every chunk, and the 4-bit kernels spilled more in
+// all; the cost lands on the other paths of the 4-bit launches only (modes 3 and 5; ptxas -v and
+// bench_gpu in dev/results/kernels.md). next: a full chunk of this tensor follows in the run loop
+// (bnb8_update_kernel), whose elements are prefetched into L2 as bnb8_update_chunk does.
 // SR (FLASH mode 5): the weights round stochastically (bnb8_round_result before the finiteness
 // check, as the other chunks); such a tensor has no correction, so cb is 0 at compile time. A
 // template argument, so that mode 3's instances hold no trace of it.
 template <int R, int KIND, bool FULL, int PASS, bool SR>
-__device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, unsigned &bad) {
+__device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
     const bnb8_four_smem &ft = bnb8_four_tables;
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
@@ -1406,6 +1407,18 @@ __device__ __noinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base,
         bnb8_load4(t.grad, t.grad_dtype, i, lim, vec, g[r]);
         #pragma unroll
         for (int k = 0; k < S; k++) if (k < nstates) codes[k][r] = bnb8_load_nibbles4((const uint8_t *)t.state[k], i, lim, vec);
+    }
+    if (FULL && next) {          // the same elements of the next chunk (a full one of this tensor)
+        const int64_t ps = pdt == BNB8_F32 ? 4 : 2, gs = t.grad_dtype == BNB8_F32 ? 4 : 2;
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t i = base + R * BNB8_ROW + bnb8_offset<R>(r);
+            bnb8_prefetch((const char *)t.param + i * ps);
+            bnb8_prefetch((const char *)t.grad + i * gs);
+            if (cb) bnb8_prefetch((const char *)t.correction + i * cb);
+            #pragma unroll
+            for (int k = 0; k < S; k++) if (k < nstates) bnb8_prefetch((const uint8_t *)t.state[k] + i / 2);
+        }
     }
     if (PASS != BNB8_PASS_MAX) bnb8_sumsq_rows<R>(t, base, g);
     const float trust = sm.trust;
@@ -1596,8 +1609,8 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             bool full = sm.vec && base + R * BNB8_ROW <= sm.t.n;
             // A full chunk starts a run, [chunk, run_end): the tensor's full chunks that follow it
             // in this grab, stepped by an inner loop without the bookkeeping above. Default flash
-            // tensors always: their fast path gains more from it than the few register spills it
-            // causes in the launch's other paths cost. RUN: the other full chunks, only where the
+            // tensors and 4-bit ones always: their paths gain more from it than the few register
+            // spills it causes in the launch's other paths cost. RUN: the other full chunks, only where the
             // inner loop causes no spills (not in launches with flash tensors, nor for AdEMAMix's
             // 3 states at 4 rows). Spill counts: dev/results/kernels.md.
             constexpr bool RUN = !FLASH && !(R == 4 && bnb8_max_states(KIND) == 3);
@@ -1613,8 +1626,12 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             }
             if constexpr (FOUR) {                                 // 4-bit and flash4 tensors, in any pass
                 if (sm.t.format == BNB8_STATE_4BIT || sm.t.format == BNB8_STATE_FLASH4) {
-                    if (full) bnb8_four_chunk<R, KIND, true, PASS, SR>(sm, base, bad);
-                    else bnb8_four_chunk<R, KIND, false, PASS, SR>(sm, base, bad);
+                    if (full) {
+                        for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                            bnb8_four_chunk<R, KIND, true, PASS, SR>(sm, base, chunk + 1 < run_end, bad);
+                        chunk--;
+                    }
+                    else bnb8_four_chunk<R, KIND, false, PASS, SR>(sm, base, false, bad);
                     continue;
                 }
             }
