@@ -2,9 +2,9 @@
 // tests on the CPU (test_train.c) and on the GPU (test_train_gpu.c). Needs trainer/trainer.h and
 // trainer/settings.h before it.
 //
-// Tensor by tensor as the trainer registers them (StableEmbedding off: every tensor by the recipe's
-// rule; under release, and whenever the weights round stochastically, each per-layer tensor as L
-// slices "name.l"; the -N exact rule): per record 4 + name + a header of
+// Tensor by tensor as the trainer registers them at the -N exact rule (StableEmbedding off: every
+// tensor by the recipe's rule; under release, and whenever the weights round stochastically, each
+// per-layer tensor as L slices "name.l"): per record 4 + name + a header of
 // 40 bytes (64 when the weights round stochastically: the rounding's shard and seed) + payload + 4.
 // The payload is the weights as kept and AdamW's two states. The weights: fp32 for an fp32 master (its
 // bf16 weights are RNE(master)) or the fp32 parity model, bf16 + the correction for an int8 or int16
