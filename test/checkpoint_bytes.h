@@ -16,6 +16,13 @@
 #include <stdio.h>
 #include <string.h>
 
+// The optimizer tensors of parameter tensor i as the trainer registers it at the -N exact rule: L layer
+// slices under release and whenever the weights round stochastically (not the fp32 parity model's), else one.
+static int64_t checkpoint_slices(const GPT2Config *c, const char *recipe, int parity, int release, int i) {
+    int stochastic = !parity && recipes[find_recipe(recipe)].correction_bytes == BNB8_CORRECTION_STOCHASTIC;
+    return (release || stochastic) && gpt2_param_is_layer(i) ? c->num_layers : 1;
+}
+
 static double checkpoint_optimizer_bytes(const char *desc, const char *recipe, int parity, int release,
                                          double *wte_payload) {
     GPT2Config c;
@@ -28,7 +35,7 @@ static double checkpoint_optimizer_bytes(const char *desc, const char *recipe, i
     double bytes = 24.0;
     for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
         if (!sizes[i]) continue;
-        int64_t slices = (release || stochastic) && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
+        int64_t slices = checkpoint_slices(&c, recipe, parity, release, i), n = sizes[i] / slices;
         for (int64_t l = 0; l < slices; l++) {
             char name[64];
             if (slices > 1) snprintf(name, sizeof name, "%s.%lld", gpt2_param_names[i], (long long)l);

@@ -707,13 +707,12 @@ static void test_four_ablations(void) {
         bnb8_memory want = expected_memory(rec[k], &c);
         int64_t sizes[GPT2_NUM_PARAMS];
         gpt2_param_sizes(&c, sizes);
-        // v of each 4-bit matrix: its rows' and columns' maxima; a stochastically rounded recipe's layer
-        // tensors are L slices (trainer/tensors.c), each a matrix of its own, the others L layers stacked
-        int stochastic = recipes[find_recipe(rec[k])].correction_bytes == BNB8_CORRECTION_STOCHASTIC;
+        // v of each 4-bit matrix: its rows' and columns' maxima; a slice (checkpoint_slices: a stochastically
+        // rounded recipe's layer tensors) is a matrix of its own, a whole tensor its L layers stacked
         for (int i = 0; i < GPT2_NUM_PARAMS; i++) {
             if (!gpt2_param_is_matrix[i] || sizes[i] < 4096) continue;
             int64_t cols = (int64_t)c.channels * (i == GPT2_FCPROJW ? 4 : 1);
-            int64_t slices = stochastic && gpt2_param_is_layer(i) ? c.num_layers : 1, n = sizes[i] / slices;
+            int64_t slices = checkpoint_slices(&c, rec[k], 0, 0, i), n = sizes[i] / slices;
             want.states += (double)slices * (4.0 * (double)(n / cols + cols) - 4.0 * (double)((n + 127) / 128));
         }
         EXPECT(r.memory.states == want.states, "%s -V rank1: %.0f state bytes, the hand count %.0f", rec[k],
