@@ -589,6 +589,19 @@ __device__ bool bnb8_tensor_vec(const bnb8_gpu_tensor *t) {
     return (bits & 15) == 0;
 }
 
+// A tensor in its format's default configuration, for which the chunks compile instances of their own
+// (bnb8_flash_chunk_fast, bnb8_four_chunk's DEF): bf16 weights and gradients; flash with an int8
+// correction and e6m10 scales; block-wise 4-bit in blocks of 128 without rank-1, with an int8
+// correction or stochastic rounding (the recipes 4bit-int8 and 4bit-sr). A launch's tensors all round
+// stochastically or none does (bnb8.c), so a default 4-bit tensor of mode 3 has its int8 correction
+// and one of mode 5 none, as bnb8_four_chunk's DEF instances take it.
+__device__ bool bnb8_default_tensor(const bnb8_gpu_tensor *t) {
+    if (t->param_dtype != BNB8_BF16 || t->grad_dtype != BNB8_BF16) return false;
+    if (t->format == BNB8_STATE_FLASH) return t->correction_bytes == 1 && t->scale_dtype == BNB8_E6M10;
+    return t->format == BNB8_STATE_4BIT && t->blocksize == BNB8_BLOCKSIZE_4BIT && t->row_size == 0 &&
+           (t->correction_bytes == 1 || (t->correction_bytes == 0 && t->rounding.on));
+}
+
 // Sum over the CUDA block of v, added atomically to *out (one atomic per block).
 __device__ void bnb8_block_sum_atomic(double v, double *out, double *scratch) {
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -752,7 +765,7 @@ struct bnb8_update_smem {
     float trust;                 // its LAMB / LARS trust ratio (1 when off)
     int shift;                   // log2 of its block size (bnb8_absmax_shift)
     int vec;                     // its arrays allow vector accesses
-    int def;                     // flash in the default configuration (bnb8_flash_chunk's DEF)
+    int def;                     // its format's default configuration (bnb8_default_tensor)
     int64_t grab[2][2];          // the block's last two grabs: chunks [first, end)
 };
 
@@ -1388,15 +1401,22 @@ __device__ void bnb8_rank1_maxima(const bnb8_gpu_tensor &t, int64_t base, const 
 // SR (FLASH mode 5): the weights round stochastically (bnb8_round_result before the finiteness
 // check, as the other chunks); such a tensor has no correction, so cb is 0 at compile time. A
 // template argument, so that mode 3's instances hold no trace of it.
-template <int R, int KIND, bool FULL, int PASS, bool SR>
+// DEF: the tensor is in the default configuration (bnb8_default_tensor: block-wise 4-bit, blocks of
+// 128, no rank-1, bf16 weights and gradients, an int8 correction or stochastic rounding), which this
+// instance takes as constants: the same arithmetic with the other configurations' branches folded
+// away, so that it holds fewer values live and spills less.
+template <int R, int KIND, bool FULL, int PASS, bool SR, bool DEF>
 __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
+    static_assert(BNB8_BLOCKSIZE_4BIT == 1 << 7, "DEF's shift is log2 of the default 4-bit block size");
     const bnb8_four_smem &ft = bnb8_four_tables;
     const bnb8_gpu_tensor &t = sm.t;
-    const int64_t n = t.n, lim = FULL ? INT64_MAX : n;
-    const bool vec = FULL || sm.vec;
+    const int64_t n = t.n, lim = FULL ? INT64_MAX : n, blocksize = DEF ? BNB8_BLOCKSIZE_4BIT : t.blocksize;
+    const bool vec = FULL || sm.vec, rows = !DEF && t.row_size > 0;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
-    const int nstates = args.nstates, cb = SR ? 0 : t.correction_bytes, flash4 = t.format == BNB8_STATE_FLASH4, shift = sm.shift;
-    const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype, sdt = (bnb8_dtype)t.scale_dtype;
+    const int nstates = args.nstates, cb = SR ? 0 : DEF ? 1 : t.correction_bytes;
+    const int flash4 = !DEF && t.format == BNB8_STATE_FLASH4, shift = DEF ? 7 : sm.shift;
+    const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype, sdt = (bnb8_dtype)t.scale_dtype;
+    const int gdt = DEF ? BNB8_BF16 : t.grad_dtype;
     constexpr int S = bnb8_max_states(KIND);
     float p[R][4], g[R][4], s[R][S][4];
     uint32_t bits[R][2] = {}, corr[R][2] = {}, codes[S][R];
@@ -1404,12 +1424,12 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r);
         bnb8_masters_load4(t, pdt, cb, i, lim, vec, p[r], bits[r], corr[r]);
-        bnb8_load4(t.grad, t.grad_dtype, i, lim, vec, g[r]);
+        bnb8_load4(t.grad, gdt, i, lim, vec, g[r]);
         #pragma unroll
         for (int k = 0; k < S; k++) if (k < nstates) codes[k][r] = bnb8_load_nibbles4((const uint8_t *)t.state[k], i, lim, vec);
     }
     if (FULL && next) {          // the same elements of the next chunk (a full one of this tensor)
-        const int64_t ps = pdt == BNB8_F32 ? 4 : 2, gs = t.grad_dtype == BNB8_F32 ? 4 : 2;
+        const int64_t ps = pdt == BNB8_F32 ? 4 : 2, gs = gdt == BNB8_F32 ? 4 : 2;
         #pragma unroll
         for (int r = 0; r < R; r++) {
             const int64_t i = base + R * BNB8_ROW + bnb8_offset<R>(r);
@@ -1425,13 +1445,13 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
     #pragma unroll
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r), row = 0, col = 0;
-        if (t.row_size > 0) { row = i / t.row_size; col = i - row * t.row_size; }
+        if (rows) { row = i / t.row_size; col = i - row * t.row_size; }
         bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r]);
         float scale[S];          // a row's 4 elements share a block and a group
         #pragma unroll
         for (int k = 0; k < S; k++)
             scale[k] = k >= nstates || !(FULL || i < n) ? 0.0f : flash4 ? bnb8_scale_load(t.scale[k], sdt, i / BNB8_FLASH_GROUP)
-                     : k == t.rank1_k && t.row_size > 0 ? 0.0f : t.absmax[k][i >> shift];
+                     : k == t.rank1_k && rows ? 0.0f : t.absmax[k][i >> shift];
         uint32_t nb[2] = {bits[r][0], bits[r][1]}, nc[2] = {corr[r][0], corr[r][1]};
         #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -1442,7 +1462,7 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
                 if (k >= nstates) continue;
                 const int sg = bnb8_state_signed(KIND, k), c = (codes[k][r] >> (4 * j)) & 15;
                 float a = scale[k];
-                if (!flash4 && k == t.rank1_k && t.row_size > 0) a = inside ? bnb8_rank1_min(t.absmax[k], t.rows, row, col) : 0.0f;
+                if (!flash4 && k == t.rank1_k && rows) a = inside ? bnb8_rank1_min(t.absmax[k], t.rows, row, col) : 0.0f;
                 sj[k] = flash4 ? bnb8_expand_from_unit(ft.unit[sg][c], a, sg) : ft.map[sg][c] * a;
                 s[r][k][j] = sj[k];
             }
@@ -1454,7 +1474,7 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
             bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
-            if (t.row_size > 0) bnb8_next_cell(t.row_size, row, col);
+            if (rows) bnb8_next_cell(t.row_size, row, col);
         }
         if (PASS != BNB8_PASS_MAX) bnb8_masters_store4(t, pdt, cb, i, lim, vec, p[r], nb, nc);
     }
@@ -1462,7 +1482,7 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
     for (int k = 0; k < S; k++) {
         if (k >= nstates) continue;
         const int sg = bnb8_state_signed(KIND, k), pad = bnb8_four_pad(t.format, sg);
-        const bool rank1 = !flash4 && k == t.rank1_k && t.row_size > 0;
+        const bool rank1 = !flash4 && k == t.rank1_k && rows;
         if constexpr (PASS == BNB8_PASS_MAX) {   // the other states' blocks are the store pass's
             if (rank1) bnb8_rank1_maxima<R, FULL>(t, base, s, k);
         } else {
@@ -1475,8 +1495,8 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
                 for (int j = 0; j < 4; j++)
                     if (FULL || i + j < n) amax[r] = fmaxf(amax[r], flash4 ? bnb8_compand_magnitude(s[r][k][j], sg) : fabsf(s[r][k][j]));
             }
-            const bool one = t.blocksize >= 128 * R;
-            if (!flash4 && !rank1) bnb8_block_max<R>(amax, t.blocksize, sm.scratch);   // uniform over the block
+            const bool one = blocksize >= 128 * R;
+            if (!flash4 && !rank1) bnb8_block_max<R>(amax, (int)blocksize, sm.scratch);   // uniform over the block
             #pragma unroll
             for (int r = 0; r < R; r++) {
                 int64_t i = base + bnb8_offset<R>(r), row = 0, col = 0;
@@ -1485,7 +1505,7 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
                 if (flash4) {
                     sc = bnb8_scale_round(bnb8_group_max<BNB8_FLASH_GROUP / 4>(amax[r]), sdt);
                     if ((FULL || i < n) && (i & (BNB8_FLASH_GROUP - 1)) == 0) bnb8_scale_store(t.scale[k], sdt, i / BNB8_FLASH_GROUP, sc);
-                } else if (!rank1 && (r == 0 || !one) && (FULL || i < n) && (i & (t.blocksize - 1)) == 0) {
+                } else if (!rank1 && (r == 0 || !one) && (FULL || i < n) && (i & (blocksize - 1)) == 0) {
                     t.absmax[k][i >> shift] = sc;
                 }
                 uint32_t w = 0;
@@ -1599,8 +1619,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                         ? bnb8_trust_ratio(t->args.max_unorm, (float)norms[ti * BNB8_NORMS + 1], (float)norms[ti * BNB8_NORMS + 2]) : 1.0f;
                     sm.shift = bnb8_absmax_shift(t);
                     sm.vec = bnb8_tensor_vec(t);
-                    sm.def = t->format == BNB8_STATE_FLASH && t->param_dtype == BNB8_BF16 && t->correction_bytes == 1 &&
-                             t->grad_dtype == BNB8_BF16 && t->scale_dtype == BNB8_E6M10;
+                    sm.def = bnb8_default_tensor(t);
                 }
                 __syncthreads();
                 next_tensor_chunk = ti + 1 < count ? tensors[ti + 1].first_chunk : total;
@@ -1626,12 +1645,18 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             }
             if constexpr (FOUR) {                                 // 4-bit and flash4 tensors, in any pass
                 if (sm.t.format == BNB8_STATE_4BIT || sm.t.format == BNB8_STATE_FLASH4) {
-                    if (full) {
+                    const bool def = PASS == BNB8_PASS_BLOCKS && sm.def;   // the passes' tensors are rank-1 ones
+                    if (full && def) {
                         for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                            bnb8_four_chunk<R, KIND, true, PASS, SR>(sm, base, chunk + 1 < run_end, bad);
+                            bnb8_four_chunk<R, KIND, true, PASS, SR, true>(sm, base, chunk + 1 < run_end, bad);
                         chunk--;
                     }
-                    else bnb8_four_chunk<R, KIND, false, PASS, SR>(sm, base, false, bad);
+                    else if (full) {
+                        for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                            bnb8_four_chunk<R, KIND, true, PASS, SR, false>(sm, base, chunk + 1 < run_end, bad);
+                        chunk--;
+                    }
+                    else bnb8_four_chunk<R, KIND, false, PASS, SR, false>(sm, base, false, bad);
                     continue;
                 }
             }
