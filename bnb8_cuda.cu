@@ -590,16 +590,18 @@ __device__ bool bnb8_tensor_vec(const bnb8_gpu_tensor *t) {
 }
 
 // A tensor in its format's default configuration, for which the chunks compile instances of their own
-// (bnb8_flash_chunk_fast, bnb8_four_chunk's DEF): bf16 weights and gradients; flash with an int8
-// correction and e6m10 scales; block-wise 4-bit in blocks of 128 without rank-1, with an int8
-// correction or stochastic rounding (the recipes 4bit-int8 and 4bit-sr). A launch's tensors all round
-// stochastically or none does (bnb8.c), so a default 4-bit tensor of mode 3 has its int8 correction
-// and one of mode 5 none, as bnb8_four_chunk's DEF instances take it.
+// (bnb8_flash_chunk_fast, the DEF instances of bnb8_update_chunk and bnb8_four_chunk): bf16 weights
+// and gradients; flash with an int8 correction and e6m10 scales; block-wise 8-bit states (any block
+// size), or 4-bit ones in blocks of 128 without rank-1, with an int8 correction or stochastic rounding
+// (the recipes 8bit-int8, 8bit-sr, 4bit-int8 and 4bit-sr). A launch's tensors all round stochastically
+// or none does (bnb8.c), so a default 8-bit or 4-bit tensor of modes 2 and 3 has its int8 correction
+// and one of modes 4 and 5 none, as the DEF instances take it.
 __device__ bool bnb8_default_tensor(const bnb8_gpu_tensor *t) {
     if (t->param_dtype != BNB8_BF16 || t->grad_dtype != BNB8_BF16) return false;
     if (t->format == BNB8_STATE_FLASH) return t->correction_bytes == 1 && t->scale_dtype == BNB8_E6M10;
-    return t->format == BNB8_STATE_4BIT && t->blocksize == BNB8_BLOCKSIZE_4BIT && t->row_size == 0 &&
-           (t->correction_bytes == 1 || (t->correction_bytes == 0 && t->rounding.on));
+    const bool master = t->correction_bytes == 1 || (t->correction_bytes == 0 && t->rounding.on);
+    if (t->format == BNB8_STATE_8BIT) return t->eight_bit && t->blocksize > 0 && master;
+    return t->format == BNB8_STATE_4BIT && t->blocksize == BNB8_BLOCKSIZE_4BIT && t->row_size == 0 && master;
 }
 
 // Sum over the CUDA block of v, added atomically to *out (one atomic per block).
@@ -807,9 +809,13 @@ template <int KIND> __device__ bnb8_step_args bnb8_args_of(const bnb8_gpu_tensor
 // PASS (blocksize 0 only, tmax the tensor's 3 maxima): BNB8_PASS_MAX writes nothing but the max
 // of each state into tmax; BNB8_PASS_STORE stores everything, the codes under tmax's absmax.
 // SR: the tensor's weights round stochastically (bnb8_round_result; a launch of such tensors only).
-template <int R, int KIND, bool FULL, int PASS, bool MASTER, bool SR>
+// DEF (MASTER or SR, blocks pass): the tensor is in the default configuration (bnb8_default_tensor:
+// block-wise 8-bit, bf16 weights and gradients, an int8 correction or stochastic rounding), which
+// this instance takes as constants, so that it holds fewer values live (as bnb8_four_chunk's).
+template <int R, int KIND, bool FULL, int PASS, bool MASTER, bool SR, bool DEF = false>
 __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next, int zero_unsigned, int zero_signed,
                                   unsigned &bad, unsigned *tmax) {
+    static_assert(!DEF || ((MASTER || SR) && PASS == BNB8_PASS_BLOCKS), "DEF: an int8 correction or stochastic rounding");
     const bnb8_gpu_tensor &t = sm.t;
     const int64_t n = t.n;
     const bool vec = FULL || sm.vec;
@@ -817,10 +823,11 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
     const int nstates = args.nstates, shift = sm.shift;
     // the passes see 8-bit tensors only
-    const int eight_bit = PASS != BNB8_PASS_BLOCKS ? 1 : t.eight_bit;
+    const int eight_bit = PASS != BNB8_PASS_BLOCKS || DEF ? 1 : t.eight_bit;
     // MASTER (a FLASH launch): bf16/fp16 weights may carry a correction or an fp32 master (cb)
-    const int cb = MASTER ? t.correction_bytes : 0;
-    const bnb8_dtype pdt = (bnb8_dtype)t.param_dtype;
+    const int cb = SR || !MASTER ? 0 : DEF ? 1 : t.correction_bytes;
+    const bnb8_dtype pdt = DEF ? BNB8_BF16 : (bnb8_dtype)t.param_dtype;
+    const int gdt = DEF ? BNB8_BF16 : t.grad_dtype;
     float p[R][4], g[R][4], s[R][3][4] = {}, scale[S][R];
     uint32_t c[S][R], bits[R][2] = {}, corr[R][2] = {};
     // Every load first.
@@ -828,8 +835,8 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r);
         if (MASTER && cb) bnb8_masters_load4(t, pdt, cb, i, FULL ? INT64_MAX : n, vec, p[r], bits[r], corr[r]);
-        else bnb8_load4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
-        bnb8_load4(t.grad, t.grad_dtype, i, FULL ? INT64_MAX : n, vec, g[r]);
+        else bnb8_load4(t.param, pdt, i, FULL ? INT64_MAX : n, vec, p[r]);
+        bnb8_load4(t.grad, gdt, i, FULL ? INT64_MAX : n, vec, g[r]);
     }
     if (PASS != BNB8_PASS_MAX) bnb8_sumsq_rows<R>(t, base, g);
     #pragma unroll
@@ -844,7 +851,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
         }
     }
     if (FULL && next) {          // the same elements of the next chunk (a full one of this tensor)
-        const int64_t ps = t.param_dtype == BNB8_F32 ? 4 : 2, gs = t.grad_dtype == BNB8_F32 ? 4 : 2, ss = eight_bit ? 1 : 4;
+        const int64_t ps = pdt == BNB8_F32 ? 4 : 2, gs = gdt == BNB8_F32 ? 4 : 2, ss = eight_bit ? 1 : 4;
         #pragma unroll
         for (int r = 0; r < R; r++) {
             int64_t i = base + R * BNB8_ROW + bnb8_offset<R>(r);
@@ -889,7 +896,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
         }
         if (PASS != BNB8_PASS_MAX && MASTER && cb) bnb8_masters_store4(t, pdt, cb, i, FULL ? INT64_MAX : n, vec, p[r], nb, nc);
-        else if (PASS != BNB8_PASS_MAX) bnb8_store4(t.param, t.param_dtype, i, FULL ? INT64_MAX : n, vec, p[r]);
+        else if (PASS != BNB8_PASS_MAX) bnb8_store4(t.param, pdt, i, FULL ? INT64_MAX : n, vec, p[r]);
     }
     #pragma unroll
     for (int k = 0; k < S; k++) {
@@ -1673,7 +1680,14 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                 }
             }
             unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
-            if (full && RUN) {
+            // 8-bit tensors in the default configuration (the 4-bit ones took their branch above)
+            constexpr bool DEF8 = (MASTERS || SR) && PASS == BNB8_PASS_BLOCKS;
+            if (DEF8 && full && sm.def && sm.t.eight_bit) {
+                for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                    bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR, DEF8>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
+                chunk--;
+            }
+            else if (full && RUN) {
                 for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
                     bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
                 chunk--;
