@@ -439,7 +439,7 @@ struct bnb8_optimizer {
     float code[BNB8_NUM_MAPS][2][256];          // [map][is_signed]: the maps of 8-bit states
     bnb8_codebook books[BNB8_NUM_MAPS][2];      // their thresholds and lookup tables
     float four[BNB8_NUM_MAPS][2][BNB8_FOUR_CODES];     // [map][is_signed]: the maps of 4-bit states
-    float four_t[BNB8_NUM_MAPS][2][BNB8_FOUR_CODES];   // their thresholds, t[15] = +inf
+    bnb8_four_book four_book[BNB8_NUM_MAPS][2];          // their thresholds and lookups
 };
 
 // The GPU path lives in bnb8_cuda.cu. Built with -DBNB8_CUDA, bnb8.c needs it; without, weak
@@ -605,8 +605,7 @@ bnb8_status bnb8_optimizer_create(bnb8_optimizer **opt, bnb8_optim kind, const b
         for (int map = 0; map < BNB8_NUM_MAPS; map++) bnb8_codebook_init(&o->books[map][is_signed], o->code[map][is_signed], bnb8_zero_code(is_signed));
         for (int map = 0; map < BNB8_NUM_MAPS; map++) {
             for (int c = 0; c < BNB8_FOUR_CODES; c++) o->four[map][is_signed][c] = bnb8_four_map(map, is_signed, c);
-            for (int k = 0; k < BNB8_FOUR_CODES; k++)
-                o->four_t[map][is_signed][k] = bnb8_threshold_of(o->four[map][is_signed], BNB8_FOUR_CODES, k);
+            bnb8_four_book_init(&o->four_book[map][is_signed], o->four[map][is_signed]);
         }
     }
     *opt = o;
@@ -1240,7 +1239,7 @@ static void bnb8_requantize_four(const bnb8_optimizer *opt, const bnb8_tensor *t
     uint8_t codes[4096];
     for (int64_t j = 0; j < count; j++) {
         float a = rank1 ? bnb8_rank1_scale(maxima, t->rows, t->row_size, start + j) : amax;
-        codes[j] = (uint8_t)bnb8_four_code(opt->four_t[t->cfg.map][is_signed], is_signed, v[j], a);
+        codes[j] = (uint8_t)bnb8_four_code(&opt->four_book[t->cfg.map][is_signed], is_signed, v[j], a);
     }
     bnb8_store_codes(t, k, is_signed, start, count, codes);
 }

@@ -1065,7 +1065,7 @@ BNB8_HD float bnb8_expand_value(uint8_t code, float scale, int is_signed) {
 //   BNB8_STATE_4BIT (Li, Chen, Zhu, NeurIPS 2023): per state, an fp32 absmax per block as the 8-bit
 //     format, or for the non-negative state of a matrix (cfg.row_size) the rank-1 scale of element
 //     (r, c): min(row max r, column max c) of the state (bnb8_rank1_scale). Value = map[code] * scale
-//     (map = bnb8_four_map of cfg.map), code = bnb8_four_code(thresholds, is_signed, x, scale).
+//     (map = bnb8_four_map of cfg.map), code = bnb8_four_code(book of the map, is_signed, x, scale).
 //   BNB8_STATE_FLASH4: per state a scale per group of 32 as flash (bnb8_compand_magnitude,
 //     bnb8_scale_round), code = bnb8_compand4_code, value = bnb8_expand4_value.
 #define BNB8_FOUR_CODES 16
@@ -1093,14 +1093,67 @@ BNB8_HD int bnb8_four_pad(int format, int is_signed) {
     return format == BNB8_STATE_4BIT ? bnb8_four_zero_code(is_signed) : 0;
 }
 
+// A 4-bit map's thresholds t (bnb8_threshold_of(map, 16, k)) and a lookup that gives
+// bnb8_nearest_code_of(t, 16, x) with one table read instead of a binary search of four dependent
+// reads (bnb8_four_nearest). Bucket 2k + sign of x (bnb8_four_bucket): k = 0 for |x| < 2^-12, then one
+// k per 2^20 floats (8 per binade) up to 1, then [1, inf], then NaN. Its entry holds the number j of
+// thresholds below the bucket's values and the one threshold t among them (NaN: none), so that the
+// code of x is j + (t < x), or j + 1 for x = t at an odd j (the tie to the even index). A bucket with
+// two or more thresholds has j = BNB8_FOUR_CODES and is searched (the maps of bnb8_four_map have none:
+// their thresholds lie 1/16 apart or more above 2^-1, one per binade below).
+#define BNB8_FOUR_LOOKUP_E0 115                                        // the exponent of 2^-12
+#define BNB8_FOUR_LOOKUP_HALF ((127 - BNB8_FOUR_LOOKUP_E0) * 8 + 3)    // per sign: tiny, 96, [1, inf], NaN
+typedef struct { float t; int32_t j; } bnb8_four_entry;
+typedef struct {
+    float t[BNB8_FOUR_CODES];                                // the thresholds, t[15] = +inf
+    bnb8_four_entry entry[2 * BNB8_FOUR_LOOKUP_HALF];
+} bnb8_four_book;
+
+BNB8_HD int bnb8_four_bucket(float x) {
+    uint32_t u = bnb8_f32_bits(x), mag = u & 0x7fffffffu;
+    int k = (int)(mag >> 20) - (BNB8_FOUR_LOOKUP_E0 << 3) + 1;
+    k = k < 0 ? 0 : k;                                                   // tiny
+    k = k > BNB8_FOUR_LOOKUP_HALF - 2 ? BNB8_FOUR_LOOKUP_HALF - 2 : k;   // [1, inf]
+    k = mag > 0x7f800000u ? BNB8_FOUR_LOOKUP_HALF - 1 : k;               // NaN
+    return 2 * k + (int)(u >> 31);
+}
+// Entry b: the bucket's magnitudes [lo, hi] are its values [lo, hi] or [-hi, -lo]. NaN is below
+// every threshold and equals none: j = 0, no threshold.
+BNB8_HD bnb8_four_entry bnb8_four_entry_of(const float t[BNB8_FOUR_CODES], int b) {
+    const int negative = b & 1, k = b >> 1;
+    bnb8_four_entry e = {bnb8_bits_f32(0x7fc00000u), 0};
+    if (k >= BNB8_FOUR_LOOKUP_HALF - 1) return e;
+    uint32_t lo = 0, hi = 0x7f800000u;                                   // [1, inf]: lo below
+    if (k == 0) hi = ((uint32_t)BNB8_FOUR_LOOKUP_E0 << 23) - 1u;
+    else if (k == BNB8_FOUR_LOOKUP_HALF - 2) lo = 0x3f800000u;
+    else { lo = (uint32_t)(k - 1 + (BNB8_FOUR_LOOKUP_E0 << 3)) << 20; hi = lo + 0xfffffu; }
+    const float first = negative ? -bnb8_bits_f32(hi) : bnb8_bits_f32(lo), last = negative ? -bnb8_bits_f32(lo) : bnb8_bits_f32(hi);
+    int inside = 0;
+    for (int c = 0; c < BNB8_FOUR_CODES - 1; c++) {
+        if (t[c] < first) e.j++;
+        else if (t[c] <= last && inside++ == 0) e.t = t[c];
+    }
+    if (inside > 1) e.j = BNB8_FOUR_CODES;
+    return e;
+}
+BNB8_HD void bnb8_four_book_init(bnb8_four_book *book, const float map[BNB8_FOUR_CODES]) {
+    for (int k = 0; k < BNB8_FOUR_CODES; k++) book->t[k] = bnb8_threshold_of(map, BNB8_FOUR_CODES, k);
+    for (int b = 0; b < 2 * BNB8_FOUR_LOOKUP_HALF; b++) book->entry[b] = bnb8_four_entry_of(book->t, b);
+}
+BNB8_HD int bnb8_four_nearest(const bnb8_four_book *book, float x) {
+    const bnb8_four_entry e = book->entry[bnb8_four_bucket(x)];
+    if (e.j >= BNB8_FOUR_CODES) return bnb8_nearest_code_of(book->t, BNB8_FOUR_CODES, x);
+    return e.j + (e.t < x) + ((e.t == x) & e.j & 1);
+}
+
 // Code of state value s under scale a >= |s| (a block's absmax or a rank-1 scale): the nearest code
-// of s / a (IEEE division) among the 16 of the map of thresholds t (bnb8_threshold_of(map, 16, k)),
-// ties to the even index (bnb8_nearest_code_of); a negative s never decodes to zero or above
-// (bnb8_keep_sign: code 6 instead of 7 or more). a = 0 (an all-zero block, row or column): the zero code.
-BNB8_HD int bnb8_four_code(const float t[BNB8_FOUR_CODES], int is_signed, float s, float a) {
+// of s / a (IEEE division) among the 16 of the map of book (bnb8_four_nearest: ties to the even
+// index, as bnb8_nearest_code_of); a negative s never decodes to zero or above (bnb8_keep_sign: code
+// 6 instead of 7 or more). a = 0 (an all-zero block, row or column): the zero code.
+BNB8_HD int bnb8_four_code(const bnb8_four_book *book, int is_signed, float s, float a) {
     const int zero_code = bnb8_four_zero_code(is_signed);
     s = s + 0.0f;   // -0 is not negative: keep_sign leaves it at the zero code
-    return a > 0.0f ? bnb8_keep_sign(bnb8_nearest_code_of(t, BNB8_FOUR_CODES, s / a), zero_code, s) : zero_code;
+    return a > 0.0f ? bnb8_keep_sign(bnb8_four_nearest(book, s / a), zero_code, s) : zero_code;
 }
 
 // Nibble i of packed codes q, and a byte of two.

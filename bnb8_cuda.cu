@@ -863,7 +863,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
     }
     if (MASTER && cb) {
         #pragma unroll
-        for (int r = 0; r < R; r++) bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r]);
+        for (int r = 0; r < R; r++) bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r], DEF);
     }
     if (eight_bit) {
         #pragma unroll
@@ -890,7 +890,7 @@ __device__ void bnb8_update_chunk(bnb8_update_smem &sm, int64_t base, bool next,
             if constexpr (SR) pn = bnb8_round_result(&sm.t.rounding, pn, pdt, i + j);   // the value the store keeps
             bool inside = FULL || i + j < n, take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
             bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
-            if (MASTER && cb) bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
+            if (MASTER && cb) bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc, DEF);
             else p[r][j] = take ? pn : p[r][j];
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
@@ -988,7 +988,10 @@ __device__ void bnb8_store_bits4(void *x, int64_t i, int64_t n, bool vec, const 
 // weights with an int8 / int16 correction (cb 1, 2; 0: none) or an fp32 master (cb 4). Loads first
 // (bits and corr keep what was read, for the elements a step leaves), the masters once they arrive
 // (bnb8_masters_decode4), then per element its new master, bits and correction (bnb8_master_update)
-// and the stores. The flash tables must be loaded (a FLASH launch).
+// and the stores. The flash tables must be loaded (a FLASH launch). fast (a constant where it is
+// called: the default configuration, bf16 weights with int8 corrections): bnb8.h's fast forms of
+// the correction ([math.fast]) and the GPU's RNE, with the exact functions for the elements they
+// do not vouch for (zero, tiny or huge weights: a branch that rare elements take).
 __device__ __forceinline__ void bnb8_masters_load4(const bnb8_gpu_tensor &t, bnb8_dtype pdt, int cb, int64_t i, int64_t lim,
                                                    bool vec, float p[4], uint32_t bits[2], uint32_t corr[2]) {
     if (pdt == BNB8_F32) { bnb8_load4(t.param, BNB8_F32, i, lim, vec, p); return; }
@@ -998,7 +1001,7 @@ __device__ __forceinline__ void bnb8_masters_load4(const bnb8_gpu_tensor &t, bnb
     if (cb == 2) bnb8_load_bits4(t.correction, i, lim, vec, corr);
 }
 __device__ __forceinline__ void bnb8_masters_decode4(bnb8_dtype pdt, int cb, const uint32_t bits[2], const uint32_t corr[2],
-                                                     float p[4]) {
+                                                     float p[4], bool fast = false) {
     if (pdt == BNB8_F32 || cb == 4) return;
     #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -1006,20 +1009,26 @@ __device__ __forceinline__ void bnb8_masters_decode4(bnb8_dtype pdt, int cb, con
         int32_t q = cb == 1 ? (int32_t)(int8_t)(corr[0] >> (8 * j))
                   : cb == 2 ? (int32_t)(int16_t)(corr[j / 2] >> (16 * (j & 1))) : 0;
         float unit = cb == 1 ? bnb8_flash_tables.ecc8[(corr[0] >> (8 * j)) & 255u] : bnb8_ecc_unit(q, 32767);
-        p[j] = bnb8_ecc_value_unit(h, pdt, q, unit);   // q = 0 (no correction): the weight itself
+        int ok = fast;
+        if (fast) p[j] = bnb8_ecc8_value_fast(h, bnb8_flash_tables.ecc8[(corr[0] >> (8 * j)) & 255u], &ok);
+        if (!ok) p[j] = bnb8_ecc_value_unit(h, pdt, q, unit);   // q = 0 (no correction): the weight itself
     }
 }
 // Element j after the step: the master p becomes pn where take; narrow weights get RNE(pn) and its
 // correction there, and keep their bits and correction elsewhere (a select, not a branch).
+// fast: where take, pn is finite below bf16's overflow, so that the GPU's RNE is bnb8_f32_to_bf16's.
 __device__ __forceinline__ void bnb8_master_update(bnb8_dtype pdt, int cb, int j, bool take, float pn, float &p,
-                                                   uint32_t nb[2], uint32_t nc[2]) {
+                                                   uint32_t nb[2], uint32_t nc[2], bool fast = false) {
     p = take ? pn : p;
     if (pdt == BNB8_F32) return;
-    uint16_t h = bnb8_f32_to_narrow(pn, pdt);
+    uint16_t h = fast ? __bfloat16_as_ushort(__float2bfloat16_rn(pn)) : bnb8_f32_to_narrow(pn, pdt);
     int sh = 16 * (j & 1);
     nb[j / 2] = take ? (nb[j / 2] & ~(0xffffu << sh)) | ((uint32_t)h << sh) : nb[j / 2];
     if (cb == 1) {
-        uint32_t q = (uint32_t)(uint8_t)(int8_t)bnb8_ecc_code(pn, h, pdt, 127);
+        int ok = fast;
+        int32_t code = fast ? bnb8_ecc8_code_fast(pn, h, &ok) : 0;
+        if (!ok) code = bnb8_ecc_code(pn, h, pdt, 127);
+        uint32_t q = (uint32_t)(uint8_t)(int8_t)code;
         nc[0] = take ? (nc[0] & ~(255u << (8 * j))) | (q << (8 * j)) : nc[0];
     } else if (cb == 2) {
         uint32_t q = (uint32_t)(uint16_t)(int16_t)bnb8_ecc_code(pn, h, pdt, 32767);
@@ -1352,11 +1361,11 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
 }
 
 // 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH modes 3 and 5): the 16-value maps
-// (the launch's, from the header), their thresholds and flash4's units, a shared-memory read each
-// (static: only these kernels hold them).
+// (the launch's, from the header), their thresholds with the lookup of them (bnb8_four_book) and
+// flash4's units, a shared-memory read each (static: only these kernels hold them).
 struct bnb8_four_smem {
     float map[2][BNB8_FOUR_CODES];   // bnb8_four_map: [0] unsigned, [1] signed
-    float t[2][BNB8_FOUR_CODES];     // their thresholds (bnb8_threshold_of), t[15] = +inf
+    bnb8_four_book book[2];          // their thresholds and lookups (bnb8_four_book_init)
     float unit[2][BNB8_FOUR_CODES];  // bnb8_expand4_unit of each flash4 code
 };
 __shared__ bnb8_four_smem bnb8_four_tables;
@@ -1453,7 +1462,7 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
     for (int r = 0; r < R; r++) {
         int64_t i = base + bnb8_offset<R>(r), row = 0, col = 0;
         if (rows) { row = i / t.row_size; col = i - row * t.row_size; }
-        bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r]);
+        bnb8_masters_decode4(pdt, cb, bits[r], corr[r], p[r], DEF && !SR);
         float scale[S];          // a row's 4 elements share a block and a group
         #pragma unroll
         for (int k = 0; k < S; k++)
@@ -1478,7 +1487,7 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
             if constexpr (SR) pn = bnb8_round_result(&t.rounding, pn, pdt, i + j);   // the value the store keeps
             bool take = inside && bnb8_isfinite(g[r][j]) && bnb8_results_finite(pn, pdt, sj, nstates);
             bad += PASS != BNB8_PASS_MAX && inside && !take;     // counted once, by the pass that stores
-            bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc);
+            bnb8_master_update(pdt, cb, j, take, pn, p[r][j], nb, nc, DEF && !SR);
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = take ? sj[k] : s[r][k][j];
             if (rows) bnb8_next_cell(t.row_size, row, col);
@@ -1522,8 +1531,8 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
                     if (FULL || i + j < n) {
                         const float x = s[r][k][j];
                         if (flash4) c = bnb8_compand4_code(x, bnb8_compand_magnitude(x, sg), sc, sg);
-                        else if (rank1) c = bnb8_four_code(ft.t[sg], sg, x, bnb8_rank1_min((const float *)t.rank1_max, t.rows, row, col));
-                        else c = bnb8_four_code(ft.t[sg], sg, x, sc);
+                        else if (rank1) c = bnb8_four_code(&ft.book[sg], sg, x, bnb8_rank1_min((const float *)t.rank1_max, t.rows, row, col));
+                        else c = bnb8_four_code(&ft.book[sg], sg, x, sc);
                     }
                     w |= (uint32_t)c << (4 * j);
                     if (rank1) bnb8_next_cell(t.row_size, row, col);
@@ -1576,7 +1585,12 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     if (FOUR) __syncthreads();   // the maps, before their thresholds
     if (FOUR && threadIdx.x < 2 * BNB8_FOUR_CODES) {
         const int sg = threadIdx.x / BNB8_FOUR_CODES, c = threadIdx.x % BNB8_FOUR_CODES;
-        bnb8_four_tables.t[sg][c] = bnb8_threshold_of(bnb8_four_tables.map[sg], BNB8_FOUR_CODES, c);
+        bnb8_four_tables.book[sg].t[c] = bnb8_threshold_of(bnb8_four_tables.map[sg], BNB8_FOUR_CODES, c);
+    }
+    if (FOUR) __syncthreads();   // the thresholds, before their lookups (bnb8_four_book_init's order)
+    for (int b = threadIdx.x; FOUR && b < 4 * BNB8_FOUR_LOOKUP_HALF; b += blockDim.x) {
+        bnb8_four_book &book = bnb8_four_tables.book[b / (2 * BNB8_FOUR_LOOKUP_HALF)];
+        book.entry[b % (2 * BNB8_FOUR_LOOKUP_HALF)] = bnb8_four_entry_of(book.t, b % (2 * BNB8_FOUR_LOOKUP_HALF));
     }
     __syncthreads();
     if (PASS != BNB8_PASS_MAX) {                 // the max pass quantizes nothing

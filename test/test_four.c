@@ -6,7 +6,8 @@ here from DESIGN.md: double precision or brute force, fresh random inputs, every
      4 bits; (i + 1)/16; with cfg.map linear, v's map with zero i/15); the nearest code against
      brute force over all 16 codes (the float thresholds of §3 counted one by one, and the nearest
      value by distance) on random values, every threshold and its neighbours, zeros and non-finite
-     values, on each of the three maps; the code of a state value (sign kept, zero blocks); the
+     values, on each of the three maps, by the binary search and by the lookup (every bucket's
+     edges, their neighbours and random values inside); the code of a state value (sign kept, zero blocks); the
      companded 4-bit codes of flash4 against their definition and the nearest level by brute force.
   2. The optimizers with 4-bit states (every kind; flash4 for AdamW, Adam, SGD, Lion) against a
      reference loop here: it keeps its own codes and scales, dequantizes, applies §5.3's update in
@@ -46,6 +47,7 @@ static void fpath(char *path, size_t size, const char *name) { snprintf(path, si
 enum { MAP_UNSIGNED = 0, MAP_SIGNED = 1, MAP_ZERO = 2, NUM_REF_MAPS = 3 };
 static float ref_map[NUM_REF_MAPS][16];   // [map index][code], from the definitions in double
 static float ref_t[NUM_REF_MAPS][16];     // their float thresholds, t[15] = +inf
+static bnb8_four_book ref_book[NUM_REF_MAPS];   // the library's lookups of them (bnb8_four_book_init)
 static const char *map_label(int m) { return m == MAP_SIGNED ? "signed" : m == MAP_ZERO ? "unsigned with zero" : "unsigned"; }
 // The map index of a state of the given sign under cfg.map.
 static int map_index(int is_signed, bnb8_map map) { return is_signed ? MAP_SIGNED : map == BNB8_MAP_LINEAR ? MAP_ZERO : MAP_UNSIGNED; }
@@ -78,6 +80,7 @@ static void ref_maps_init(void) {
     }
     for (int s = 0; s < NUM_REF_MAPS; s++)
         for (int k = 0; k < 16; k++) ref_t[s][k] = k < 15 ? (ref_map[s][k] + ref_map[s][k + 1]) * 0.5f : INFINITY;
+    for (int s = 0; s < NUM_REF_MAPS; s++) bnb8_four_book_init(&ref_book[s], ref_map[s]);
 }
 
 // The nearest code by brute force: the thresholds strictly below x, counted one by one; x exactly on
@@ -130,8 +133,10 @@ static void test_maps(void) {
 // chosen code's value is at most as far from x as any other's, up to the half ulp by which the float
 // threshold may miss the true midpoint.
 static void check_nearest(int s, float x) {
-    int got = bnb8_nearest_code_of(ref_t[s], 16, x), want = ref_nearest(s, x);
+    int got = bnb8_nearest_code_of(ref_t[s], 16, x), want = ref_nearest(s, x), looked_up = bnb8_four_nearest(&ref_book[s], x);
     EXPECT(got == want, "%s nearest code of %.9g: %d, brute force %d", map_label(s), (double)x, got, want);
+    EXPECT(looked_up == want, "%s nearest code of %.9g by the lookup: %d, brute force %d", map_label(s), (double)x,
+           looked_up, want);
     if (!(fabsf(x) <= 2.0f)) return;
     double d = fabs((double)x - ref_map[s][got]);
     for (int c = 0; c < 16; c++) {
@@ -159,6 +164,33 @@ static void test_nearest(void) {
             for (int j = 0; j < 4; j++) x = nextafterf(x, INFINITY), check_nearest(s, x);
             check_nearest(s, t);
         }
+        // The lookup: its thresholds are the map's, no bucket of these maps is searched, and every
+        // bucket's first and last values, their float neighbours and random values inside take
+        // the brute-force code (bnb8_four_bucket puts each in its bucket).
+        EXPECT(memcmp(ref_book[s].t, ref_t[s], sizeof ref_t[s]) == 0, "%s: the lookup's thresholds", map_label(s));
+        for (int b = 0; b < 2 * BNB8_FOUR_LOOKUP_HALF; b++) {
+            EXPECT(ref_book[s].entry[b].j < 16, "%s: bucket %d is searched", map_label(s), b);
+            const int k = b >> 1, negative = b & 1;
+            if (k >= BNB8_FOUR_LOOKUP_HALF - 1) continue;                     // NaN: below
+            uint32_t lo = k == 0 ? 0u : k == BNB8_FOUR_LOOKUP_HALF - 2 ? 0x3f800000u
+                        : (uint32_t)(k - 1 + BNB8_FOUR_LOOKUP_E0 * 8) << 20;
+            uint32_t hi = k == 0 ? (BNB8_FOUR_LOOKUP_E0 << 23) - 1u : k == BNB8_FOUR_LOOKUP_HALF - 2 ? 0x7f800000u : lo + 0xfffffu;
+            for (int e = 0; e < 2; e++) {
+                uint32_t edge = e ? hi : lo;
+                float x = bnb8_bits_f32(edge | (negative ? 0x80000000u : 0u));
+                EXPECT(bnb8_four_bucket(x) == b, "%s: %.9g lies in bucket %d, not %d", map_label(s), (double)x,
+                       bnb8_four_bucket(x), b);
+                check_nearest(s, x);
+                check_nearest(s, nextafterf(x, -INFINITY));
+                check_nearest(s, nextafterf(x, INFINITY));
+            }
+            for (int j = 0; j < 20; j++) {
+                uint32_t u = lo + (uint32_t)(test_u64(&rng) % ((uint64_t)hi - lo + 1));
+                check_nearest(s, bnb8_bits_f32(u | (negative ? 0x80000000u : 0u)));
+            }
+        }
+        EXPECT(bnb8_four_nearest(&ref_book[s], NAN) == 0 && bnb8_four_nearest(&ref_book[s], -NAN) == 0,
+               "%s: NaN by the lookup", map_label(s));
         const float special[] = {0.0f, -0.0f, 1e-45f, -1e-45f, 1.0f, -1.0f, 2.0f, -2.0f, INFINITY, -INFINITY};
         for (size_t j = 0; j < sizeof special / sizeof special[0]; j++) check_nearest(s, special[j]);
         EXPECT(bnb8_nearest_code_of(ref_t[s], 16, NAN) == 0 && bnb8_nearest_code_of(ref_t[s], 16, INFINITY) == 15 &&
@@ -176,7 +208,7 @@ static void test_nearest(void) {
         if (i % 16 == 4) x = i % 32 == 4 ? -0.0f : 0.0f;
         if (i % 64 == 6) a = 0.0f;
         if (!s) x = fabsf(x);
-        int got = bnb8_four_code(ref_t[m], s, x, a), want = ref_code(m, x, a);
+        int got = bnb8_four_code(&ref_book[m], s, x, a), want = ref_code(m, x, a);
         EXPECT(got == want, "%s code of %.9g under %.9g: %d, reference %d", map_label(m), (double)x, (double)a, got, want);
         EXPECT(!(x < 0.0f && a > 0.0f) || ref_map[1][got] < 0.0f, "negative %.9g decodes to %g", (double)x, (double)ref_map[1][got]);
         kept += s && x < 0.0f && a > 0.0f && ref_nearest(1, x / a) >= 7;
