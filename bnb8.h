@@ -34,7 +34,7 @@ CONTENTS (search for the tag in brackets)
     [math.step]      one optimizer update of one element
     [math.sumsq]     the sum of g^2 in one fixed order
     [math.flash]     master weight correction and companding of one element
-    [math.four]      4-bit states: the 16-value maps, nibbles, rank-1 scales, companded 4-bit codes
+    [math.four]      4-bit states: the 16-value maps and their lookups, nibbles, rank-1 scales, companded 4-bit codes
     [math.fast]      the GPU's vouched fast forms of the flash math
     [gpu.step]       one step's tensor descriptors, the launch, memory helpers
 
