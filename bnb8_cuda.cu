@@ -1360,6 +1360,153 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
         if (k < nstates && o % BNB8_FLASH_GROUP == 0) scales[k][o / BNB8_FLASH_GROUP] = (uint16_t)sc[k];
 }
 
+// bnb8_update_chunk's DEF instance on a full chunk, out of line: what a warp runs when the fast
+// 8-bit chunk below cannot vouch for one of its elements. Its blocks are its warp's segment
+// (blocksize 128 R), so it needs no barrier. Returns the non-finite count.
+template <int R, int KIND, bool SR>
+__device__ __noinline__ unsigned bnb8_eight_chunk_exact(bnb8_update_smem &sm, int64_t base) {
+    unsigned bad = 0;
+    bnb8_update_chunk<R, KIND, true, BNB8_PASS_BLOCKS, !SR, SR, true>(sm, base, false, bnb8_zero_code(0), bnb8_zero_code(1),
+                                                                      bad, nullptr);
+    return bad;
+}
+
+// The default 8-bit configuration (bnb8_default_tensor) on a full chunk whose 8-bit blocks are its
+// warps' segments (blocksize 128 R: the trainer's 256 at 2 rows): bnb8_update_chunk's DEF results
+// in bnb8_flash_chunk_fast's layout (a lane holds 4 R consecutive elements: 16-byte accesses, one
+// absmax per warp and state) with no per-element choice for non-finite values. A weight whose
+// correction the fast forms do not vouch for, a non-finite gradient or a result that cannot be
+// kept (all rare) sends the warp through bnb8_eight_chunk_exact before anything is stored; a row
+// of 4 with a code next to a threshold is redone with the division (bnb8_requantize4), as there.
+// SR: the weights round stochastically (no correction); else they carry an int8 correction.
+template <int R, int KIND, bool SR>
+__device__ void bnb8_eight_chunk_fast(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
+    const bnb8_gpu_tensor &t = sm.t;
+    const bnb8_flash_smem &fs = bnb8_flash_tables;
+    const bnb8_step_args args = bnb8_args_of<KIND>(t);
+    const int nstates = args.nstates;
+    constexpr int S = bnb8_max_states(KIND), N = 4 * R;
+    static_assert(R % 2 == 0, "a lane holds whole 16-byte pieces of its weights");
+    uint16_t *param = (uint16_t *)t.param + base;                    // (R * 1024) bf16
+    uint8_t *corr = (uint8_t *)t.correction + base;                  // (R * 1024) int8, not with SR
+    const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
+    uint8_t *state[S];                                               // (R * 1024) codes
+    #pragma unroll
+    for (int k = 0; k < S; k++) state[k] = (uint8_t *)t.state[k] + base;
+    const unsigned o = (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * N;   // this thread's N elements
+    const int64_t block = (base + o) >> sm.shift;                    // its warp's 8-bit block
+    uint32_t bits[R][2], cor[R] = {}, gw[R][2], codes[S][R];
+    float scale[S];
+    // Every load first.
+    #pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        const unsigned i = o + 4 * r;
+        uint4 w = BNB8_LD((const uint4 *)(param + i)), h = BNB8_LD((const uint4 *)(grad + i));
+        bits[r][0] = w.x, bits[r][1] = w.y, bits[r + 1][0] = w.z, bits[r + 1][1] = w.w;
+        gw[r][0] = h.x, gw[r][1] = h.y, gw[r + 1][0] = h.z, gw[r + 1][1] = h.w;
+        if (!SR) {
+            uint2 c = BNB8_LD((const uint2 *)(corr + i));
+            cor[r] = c.x, cor[r + 1] = c.y;
+        }
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            uint2 q = BNB8_LD((const uint2 *)(state[k] + i));
+            codes[k][r] = q.x, codes[k][r + 1] = q.y;
+        }
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++) scale[k] = k < nstates ? BNB8_LD(&t.absmax[k][block]) : 0.0f;
+    {
+        float g[R][4];           // the gradients as floats for the sums only: the update unpacks them again
+        #pragma unroll
+        for (int r = 0; r < R; r++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) g[r][j] = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
+        bnb8_sumsq_lanes<R>(t, base, g);
+    }
+    if (next) {                  // the same elements of the next chunk (a full one of this tensor)
+        bnb8_prefetch(param + o + R * BNB8_ROW);
+        bnb8_prefetch(grad + o + R * BNB8_ROW);
+        if (!SR) bnb8_prefetch(corr + o + R * BNB8_ROW);
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            if (k < nstates) bnb8_prefetch(state[k] + o + R * BNB8_ROW);
+    }
+    // Per element: its master, gradient and states, the update; per row the new weights and corrections.
+    const float trust = sm.trust;
+    int ok = 1;
+    float s[R][S][4];
+    uint32_t nb[R][2], nc[R];
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        float pn[4];
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t h = bits[r][j / 2] >> (16 * (j & 1));
+            const float p = SR ? bnb8_bf16_to_f32((uint16_t)h) : bnb8_ecc8_value_fast(h, fs.ecc8[(cor[r] >> (8 * j)) & 255u], &ok);
+            const float g = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
+            float sk[3] = {0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int k = 0; k < S; k++)
+                if (k < nstates) sk[k] = sm.code[bnb8_state_signed(KIND, k)][(codes[k][r] >> (8 * j)) & 255u] * scale[k];
+            pn[j] = bnb8_apply(&args, p, bnb8_direction(&args, p, g, sk), trust);
+            if constexpr (SR) pn[j] = bnb8_round_result(&t.rounding, pn[j], BNB8_BF16, base + o + 4 * r + j);
+            ok &= bnb8_isfinite(g) && bnb8_results_finite(pn[j], BNB8_BF16, sk, nstates);
+            #pragma unroll
+            for (int k = 0; k < S; k++) s[r][k][j] = sk[k];
+        }
+        // RNE, as bnb8_f32_to_bf16 for a finite pn below bf16's overflow (else the warp redoes it)
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            __nv_bfloat162 two = __floats2bfloat162_rn(pn[2 * h], pn[2 * h + 1]);
+            memcpy(&nb[r][h], &two, 4);
+        }
+        nc[r] = 0;
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (!SR) nc[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], nb[r][j / 2] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
+    }
+    // The states: per warp (its block) the new absmax and the codes under it.
+    uint32_t q[S][R];
+    float amax[S];
+    #pragma unroll
+    for (int k = 0; k < S; k++) {
+        if (k >= nstates) continue;
+        const int is_signed = bnb8_state_signed(KIND, k);
+        float m = 0.0f;
+        #pragma unroll
+        for (int r = 0; r < R; r++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) m = fmaxf(m, fabsf(s[r][k][j]));
+        amax[k] = bnb8_group_max<32>(m);
+        const float rec = bnb8_reciprocal(amax[k]);
+        const bnb8_codebook *book = &sm.books[is_signed];
+        #pragma unroll
+        for (int r = 0; r < R; r++) {
+            int redo = book->search;
+            uint32_t w = 0;
+            #pragma unroll
+            for (int j = 0; j < 4; j++) w |= (uint32_t)bnb8_quantize_value_near(book, s[r][k][j], rec, &redo) << (8 * j);
+            if (redo) w = bnb8_requantize4(book, bnb8_zero_code(is_signed), amax[k], s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
+            q[k][r] = w;
+        }
+    }
+    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_eight_chunk_exact<R, KIND, SR>(sm, base); return; }
+    #pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        const unsigned i = o + 4 * r;
+        BNB8_ST((uint4 *)(param + i), make_uint4(nb[r][0], nb[r][1], nb[r + 1][0], nb[r + 1][1]));
+        if (!SR) BNB8_ST((uint2 *)(corr + i), make_uint2(nc[r], nc[r + 1]));
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            if (k < nstates) BNB8_ST((uint2 *)(state[k] + i), make_uint2(q[k][r], q[k][r + 1]));
+    }
+    #pragma unroll
+    for (int k = 0; k < S; k++)
+        if (k < nstates && threadIdx.x % 32 == 0) t.absmax[k][block] = amax[k];
+}
+
 // 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH modes 3 and 5): the 16-value maps
 // (the launch's, from the header), their thresholds with the lookup of them (bnb8_four_book) and
 // flash4's units, a shared-memory read each (static: only these kernels hold them).
@@ -1696,9 +1843,19 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
             // 8-bit tensors in the default configuration (the 4-bit ones took their branch above)
             constexpr bool DEF8 = (MASTERS || SR) && PASS == BNB8_PASS_BLOCKS;
+            // Those whose blocks are the warps' segments take the fast 8-bit chunk, in mode 2 only: the 4-bit
+            // paths of modes 3 and 5 already hold more registers, and its stochastic-rounding instance
+            // (mode 4) has not yet passed test_gpu's parity (dev/results/kernels.md).
+            constexpr bool FAST8 = FLASH == 2 && PASS == BNB8_PASS_BLOCKS && R == 2;
             if (DEF8 && full && sm.def && sm.t.eight_bit) {
-                for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                    bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR, DEF8>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
+                if (FAST8 && sm.t.blocksize == 128 * R) {
+                    if constexpr (FAST8)
+                        for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                            bnb8_eight_chunk_fast<R, KIND, SR>(sm, base, chunk + 1 < run_end, bad);
+                } else {
+                    for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                        bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR, DEF8>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
+                }
                 chunk--;
             }
             else if (full && RUN) {

@@ -476,6 +476,25 @@ static void test_master_parity(void) {
         EXPECT(worst == 0.0 && equal, "%s %s p %s master %s: params differ by %g rel, states or exports %s",
                optimizer_names[c.kind], fmt, dtype_name(c.pdtype), master_names[c.correction], worst, equal ? "equal" : "differ");
     }
+    // The default 8-bit configuration (bf16 weights, int8 corrections, blocks of 256: the fast chunk)
+    // with cfg.sum_squares (its lanes' sums), and with weights near the bottom of bf16's range (1e-36,
+    // lr 1e-37), whose corrections its fast forms leave to the exact chunk.
+    for (int tiny = 0; tiny < 2; tiny++) {
+        bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
+        cfg.format = BNB8_STATE_8BIT;
+        cfg.min_8bit_size = 0;
+        cfg.weight_decay = 0.01f;
+        cfg.correction_bytes = 1;
+        cfg.sum_squares = !tiny;
+        if (tiny) cfg.lr = 1e-37f;
+        int equal = 0;
+        double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_BF16, BNB8_BF16, sizes, steps(tiny ? 20 : 100), &equal, NULL, NULL,
+                                        1, tiny ? 1e-36f : 0.1f);
+        const char *what = tiny ? "tiny weights" : "sum of g^2";
+        printf("    AdamW  8-bit      p bf16 master int8 , %s: %s\n", what, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "AdamW 8-bit p bf16 master int8, %s: params differ by %g rel, states or exports %s", what,
+               worst, equal ? "equal" : "differ");
+    }
 }
 
 // An fp32 master of GPU weights starts as the weights widened, as on the CPU (the same bits:
