@@ -491,7 +491,7 @@ static void test_master_parity(void) {
         double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_BF16, BNB8_BF16, sizes, steps(tiny ? 20 : 100), &equal, NULL, NULL,
                                         1, tiny ? 1e-36f : 0.1f);
         const char *what = tiny ? "tiny weights" : "sum of g^2";
-        printf("    AdamW  8-bit      p bf16 master int8 , %s: %s\n", what, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        printf("    AdamW  8-bit      p bf16 master int8 : %s: %s\n", what, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
         EXPECT(worst == 0.0 && equal, "AdamW 8-bit p bf16 master int8, %s: params differ by %g rel, states or exports %s", what,
                worst, equal ? "equal" : "differ");
     }
