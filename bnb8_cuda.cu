@@ -516,7 +516,7 @@ enum { BNB8_PASS_BLOCKS = 0, BNB8_PASS_MAX = 1, BNB8_PASS_STORE = 2 };
 // The update kernels' FLASH modes of a launch with 4-bit tensors, of one whose tensors all round
 // stochastically, and of one whose tensors all round stochastically and some have 4-bit states
 // (bnb8_update_kernel).
-enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4, BNB8_FOUR_SR_LAUNCH = 5 };
+enum { BNB8_FOUR_LAUNCH = 3, BNB8_SR_LAUNCH = 4, BNB8_FOUR_SR_LAUNCH = 5, BNB8_MASTER_LAUNCH = 6 };
 
 typedef struct {
     bnb8_codebook books[2];      // their codebooks (bnb8_codebook_init with the zero codes)
@@ -554,7 +554,7 @@ typedef struct {
     double *units;               // (units_capacity) cfg.sum_squares: the launch's per-unit sums
     int64_t units_capacity;
     int sms;
-    int update_per_sm[3][BNB8_FOUR_SR_LAUNCH + 1][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
+    int update_per_sm[3][BNB8_MASTER_LAUNCH + 1][2][BNB8_NUM_OPTIMIZERS];   // resident blocks per SM of each update kernel
     unsigned *rank1_max;         // (rank1_capacity) the rank-1 tensors' new row and column maxima, as float bits
     int64_t rank1_capacity;
 } bnb8_cuda_context;
@@ -634,11 +634,21 @@ template <int R> __device__ void bnb8_sumsq_rows(const bnb8_gpu_tensor &t, int64
 }
 // The fast flash layout: lane l holds R consecutive quads, k = R l + r of its warp's 32 R; the
 // butterfly's partners k ^ d are lane l ^ (d / R) for d >= R, else quad r ^ d of the same lane.
-template <int R> __device__ void bnb8_sumsq_lanes(const bnb8_gpu_tensor &t, int64_t base, const float (*g)[4]) {
+// Gradient j of a row of 4 as the fast chunks load them, in bf16 pairs.
+__device__ __forceinline__ float bnb8_fast_grad(const uint32_t gw[2], int j) {
+    return bnb8_bf16_to_f32((uint16_t)(gw[j / 2] >> (16 * (j & 1))));
+}
+// The fast chunks' gradients are their bf16 pairs.
+template <int R> __device__ void bnb8_sumsq_lanes(const bnb8_gpu_tensor &t, int64_t base, const uint32_t (*gw)[2]) {
     if (!t.units) return;
     double v[R], w[R];
     #pragma unroll
-    for (int r = 0; r < R; r++) v[r] = bnb8_sumsq_quad(g[r]);
+    for (int r = 0; r < R; r++) {
+        float g[4];
+        #pragma unroll
+        for (int j = 0; j < 4; j++) g[j] = bnb8_fast_grad(gw[r], j);
+        v[r] = bnb8_sumsq_quad(g);
+    }
     #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
         #pragma unroll
@@ -768,6 +778,7 @@ struct bnb8_update_smem {
     int shift;                   // log2 of its block size (bnb8_absmax_shift)
     int vec;                     // its arrays allow vector accesses
     int def;                     // its format's default configuration (bnb8_default_tensor)
+    int fast;                    // the weights a fast chunk takes it with (bnb8_fast_weights)
     int64_t grab[2][2];          // the block's last two grabs: chunks [first, end)
 };
 
@@ -1203,15 +1214,135 @@ __device__ __noinline__ uint32_t bnb8_compand_redo4(float scale, int is_signed, 
     return q;
 }
 
+// The weights of a tensor on the fast chunks (bnb8_flash_chunk_fast, bnb8_eight_chunk_fast): bf16
+// with an int8 correction, bf16 rounded stochastically (no correction), or bf16 with an fp32 master.
+// The master holds the weight, so that a fast chunk never reads the bf16 copy: every element of
+// it takes its step (else the warp runs the exact chunk, which keeps the bits of those that do not).
+enum { BNB8_FAST_INT8, BNB8_FAST_SR, BNB8_FAST_MASTER };
+
+// The weights with which a fast chunk takes a tensor's full chunks of R rows, or -1: bf16 weights
+// and gradients, and block-wise 8-bit states in blocks of 128 R, its warps' segments, with an int8
+// correction, an fp32 master or stochastic rounding (bnb8_eight_chunk_fast), or 32-bit states with an
+// fp32 master (bnb8_wide_chunk_fast).
+__device__ int bnb8_fast_weights(const bnb8_gpu_tensor *t, int R) {
+    if (t->param_dtype != BNB8_BF16 || t->grad_dtype != BNB8_BF16) return -1;
+    if (t->format == BNB8_STATE_32BIT) return t->correction_bytes == 4 ? BNB8_FAST_MASTER : -1;
+    if (t->format != BNB8_STATE_8BIT || t->blocksize != 128 * R) return -1;
+    if (t->correction_bytes == 1) return BNB8_FAST_INT8;
+    if (t->correction_bytes == 4) return BNB8_FAST_MASTER;
+    return t->correction_bytes == 0 && t->rounding.on ? BNB8_FAST_SR : -1;
+}
+
+// A fast chunk's rows as they are loaded and stored, packed: a lane's 4 R consecutive elements of
+// its warp's R * 128 (row r: elements o + 4 r ..), two rows per 16-byte bf16 access. They stay
+// packed until the update of their element expands them: unpacked at once (weights, gradients and
+// states as floats) they outlive the registers of a 2-row chunk and spill. The fields the weights
+// W do not have are never touched, and hold no registers.
+template <int R, int S> struct bnb8_fast_rows {
+    uint32_t bits[R][2];         // bf16 weight pairs (written only, with an fp32 master)
+    uint32_t corr[R];            // 4 int8 corrections (BNB8_FAST_INT8)
+    float master[R][4];          // fp32 masters (BNB8_FAST_MASTER)
+    uint32_t codes[S][R];        // each state's 4 codes
+};
+
+// This thread's first element of a fast chunk.
+__device__ __forceinline__ unsigned bnb8_fast_offset(int R) {
+    return (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * 4 * R;
+}
+
+// Every load of a fast chunk at element base: the rows (bnb8_fast_rows) and the bf16 gradient pairs.
+template <int R, int S, int W>
+__device__ __forceinline__ void bnb8_fast_load(const bnb8_gpu_tensor &t, int64_t base, int nstates, bnb8_fast_rows<R, S> &in,
+                                               uint32_t (&gw)[R][2]) {
+    static_assert(R % 2 == 0, "a lane holds whole 16-byte pieces of its weights");
+    // The arrays from the chunk's first element (block-uniform) plus the thread's 32-bit offset.
+    const uint16_t *param = (const uint16_t *)t.param + base, *grad = (const uint16_t *)t.grad + base;
+    const uint8_t *corr = (const uint8_t *)t.correction + base;
+    const float *master = (const float *)t.correction + base;
+    const unsigned o = bnb8_fast_offset(R);
+    #pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        const unsigned i = o + 4 * r;
+        if (W == BNB8_FAST_MASTER) {
+            const uint4 a = BNB8_LD((const uint4 *)(master + i)), b = BNB8_LD((const uint4 *)(master + i + 4));
+            memcpy(in.master[r], &a, 16);
+            memcpy(in.master[r + 1], &b, 16);
+        } else {
+            const uint4 w = BNB8_LD((const uint4 *)(param + i));
+            in.bits[r][0] = w.x, in.bits[r][1] = w.y, in.bits[r + 1][0] = w.z, in.bits[r + 1][1] = w.w;
+        }
+        const uint4 h = BNB8_LD((const uint4 *)(grad + i));
+        gw[r][0] = h.x, gw[r][1] = h.y, gw[r + 1][0] = h.z, gw[r + 1][1] = h.w;
+        if (W == BNB8_FAST_INT8) {
+            const uint2 c = BNB8_LD((const uint2 *)(corr + i));
+            in.corr[r] = c.x, in.corr[r + 1] = c.y;
+        }
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            const uint2 q = BNB8_LD((const uint2 *)((const uint8_t *)t.state[k] + base + i));
+            in.codes[k][r] = q.x, in.codes[k][r + 1] = q.y;
+        }
+    }
+}
+
+// The same elements of the next chunk (a full one of the tensor), asked of L2 (bnb8_prefetch);
+// GROUPS: their e6m10 scales too (a line per chunk at 2 rows).
+template <int R, int S, int W, bool GROUPS>
+__device__ __forceinline__ void bnb8_fast_prefetch(const bnb8_gpu_tensor &t, int64_t base, int nstates) {
+    const int64_t i = base + bnb8_fast_offset(R) + R * BNB8_ROW;
+    if (W != BNB8_FAST_MASTER) bnb8_prefetch((const uint16_t *)t.param + i);
+    bnb8_prefetch((const uint16_t *)t.grad + i);
+    if (W == BNB8_FAST_INT8) bnb8_prefetch((const uint8_t *)t.correction + i);
+    if (W == BNB8_FAST_MASTER) bnb8_prefetch((const float *)t.correction + i);
+    #pragma unroll
+    for (int k = 0; k < S; k++)
+        if (k < nstates) {
+            bnb8_prefetch((const uint8_t *)t.state[k] + i);
+            if (GROUPS) bnb8_prefetch((const uint16_t *)t.scale[k] + i / BNB8_FLASH_GROUP);
+        }
+}
+
+// Every store of a fast chunk at element base but its states' scales: the new rows.
+template <int R, int S, int W>
+__device__ __forceinline__ void bnb8_fast_store(const bnb8_gpu_tensor &t, int64_t base, int nstates, const bnb8_fast_rows<R, S> &out) {
+    uint16_t *param = (uint16_t *)t.param + base;
+    uint8_t *corr = (uint8_t *)t.correction + base;
+    float *master = (float *)t.correction + base;
+    const unsigned o = bnb8_fast_offset(R);
+    #pragma unroll
+    for (int r = 0; r < R; r += 2) {
+        const unsigned i = o + 4 * r;
+        BNB8_ST((uint4 *)(param + i), make_uint4(out.bits[r][0], out.bits[r][1], out.bits[r + 1][0], out.bits[r + 1][1]));
+        if (W == BNB8_FAST_INT8) BNB8_ST((uint2 *)(corr + i), make_uint2(out.corr[r], out.corr[r + 1]));
+        if (W == BNB8_FAST_MASTER) {
+            BNB8_ST((float4 *)(master + i), make_float4(out.master[r][0], out.master[r][1], out.master[r][2], out.master[r][3]));
+            BNB8_ST((float4 *)(master + i + 4),
+                    make_float4(out.master[r + 1][0], out.master[r + 1][1], out.master[r + 1][2], out.master[r + 1][3]));
+        }
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            if (k < nstates) BNB8_ST((uint2 *)((uint8_t *)t.state[k] + base + i), make_uint2(out.codes[k][r], out.codes[k][r + 1]));
+    }
+}
+
+// The new bf16 pairs of a row of 4 finite weights below bf16's overflow: the GPU's RNE, which is
+// bnb8_f32_to_bf16's for them.
+__device__ __forceinline__ void bnb8_fast_bf16_pairs(const float pn[4], uint32_t nb[2]) {
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        __nv_bfloat162 two = __floats2bfloat162_rn(pn[2 * h], pn[2 * h + 1]);
+        memcpy(&nb[h], &two, 4);
+    }
+}
+
 // The default flash configuration on a full chunk: bnb8_flash_chunk<R, KIND, true, true>'s results
 // through the fast forms of bnb8.h, with no per-element choice for non-finite values. A code the
 // fast forms do not vouch for is redone exactly (bnb8_compand_redo4); a zero, tiny or non-finite
 // weight, a non-finite gradient or state, or a scale out of the fast range (all rare) sends the
-// whole warp through bnb8_flash_chunk_exact before anything is stored. A lane holds 4 R consecutive
-// elements of its warp's R * 128 (the exact chunk's share of the warp), so that a group of 32 is
-// 32 / (4 R) lanes: one scale per lane and state, 16-byte accesses. The chunk's arrays are
-// addressed from its first element (block-uniform) plus the thread's 32-bit offset. next: as
-// bnb8_update_chunk's.
+// whole warp through bnb8_flash_chunk_exact before anything is stored. A lane holds the rows of
+// bnb8_fast_rows, so that a group of 32 is 32 / (4 R) lanes: one scale per lane and state.
+// next: as bnb8_update_chunk's.
 template <int R, int KIND>
 __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
     const bnb8_gpu_tensor &t = sm.t;
@@ -1219,80 +1350,35 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
     const int nstates = args.nstates;
     constexpr int S = bnb8_max_states(KIND), N = 4 * R, LANES = BNB8_FLASH_GROUP / N;
-    static_assert(R % 2 == 0 && LANES >= 1, "a lane holds whole 16-byte pieces of its group");
-    uint16_t *param = (uint16_t *)t.param + base;                    // (R * 1024) bf16
-    uint8_t *corr = (uint8_t *)t.correction + base;                  // (R * 1024) int8
-    const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
-    uint8_t *state[S];                                               // (R * 1024) codes
-    uint16_t *scales[S];                                             // (R * 32) e6m10 per state
-    #pragma unroll
-    for (int k = 0; k < S; k++) {
-        state[k] = (uint8_t *)t.state[k] + base;
-        scales[k] = (uint16_t *)t.scale[k] + base / BNB8_FLASH_GROUP;
-    }
-    const unsigned o = (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * N;   // this thread's N elements
-    // Rows of 4, as bnb8_flash_chunk's arrays hold them, but consecutive (row r: elements o + 4 r ..);
-    // loaded two rows at a time. The inputs stay packed as loaded (bf16 pairs, bytes) until the
-    // update of their element expands them: unpacked at once (masters, gradients and states as
-    // floats) they outlive the registers of a 2-row chunk and spill.
-    float s[R][S][4], scale[S];
-    uint32_t bits[R][2], cor[R], gw[R][2], codes[S][R];
-    // Every load first.
-    #pragma unroll
-    for (int r = 0; r < R; r += 2) {
-        const unsigned i = o + 4 * r;
-        uint4 w = BNB8_LD((const uint4 *)(param + i)), h = BNB8_LD((const uint4 *)(grad + i));
-        uint2 c = BNB8_LD((const uint2 *)(corr + i));
-        bits[r][0] = w.x, bits[r][1] = w.y, bits[r + 1][0] = w.z, bits[r + 1][1] = w.w;
-        gw[r][0] = h.x, gw[r][1] = h.y, gw[r + 1][0] = h.z, gw[r + 1][1] = h.w;
-        cor[r] = c.x, cor[r + 1] = c.y;
-        #pragma unroll
-        for (int k = 0; k < S; k++) {
-            if (k >= nstates) continue;
-            uint2 q = BNB8_LD((const uint2 *)(state[k] + i));
-            codes[k][r] = q.x, codes[k][r + 1] = q.y;
-        }
-    }
+    static_assert(LANES >= 1, "a lane holds whole groups' shares");
+    const int64_t group = (base + bnb8_fast_offset(R)) / BNB8_FLASH_GROUP;   // this lane's
+    bnb8_fast_rows<R, S> in, out;
+    uint32_t gw[R][2];
+    bnb8_fast_load<R, S, BNB8_FAST_INT8>(t, base, nstates, in, gw);
     // A loaded scale that is subnormal is not vouched for (bnb8_e6m10_fast_to_f32): the exact path.
     int ok = 1;
+    float scale[S];
     #pragma unroll
-    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_e6m10_fast_to_f32(scales[k][o / BNB8_FLASH_GROUP], &ok) : 0.0f;
-    {
-        float g[R][4];           // the gradients as floats for the sums only: the update unpacks them again
-        #pragma unroll
-        for (int r = 0; r < R; r++)
-            #pragma unroll
-            for (int j = 0; j < 4; j++) g[r][j] = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
-        bnb8_sumsq_lanes<R>(t, base, g);
-    }
-    if (next) {                  // the same elements of the next chunk (a full one of this tensor)
-        bnb8_prefetch(param + o + R * BNB8_ROW);
-        bnb8_prefetch(grad + o + R * BNB8_ROW);
-        bnb8_prefetch(corr + o + R * BNB8_ROW);
-        #pragma unroll
-        for (int k = 0; k < S; k++)
-            if (k < nstates) {
-                bnb8_prefetch(state[k] + o + R * BNB8_ROW);
-                bnb8_prefetch(scales[k] + (o + R * BNB8_ROW) / BNB8_FLASH_GROUP);   // a line per chunk at 2 rows
-            }
-    }
+    for (int k = 0; k < S; k++) scale[k] = k < nstates ? bnb8_e6m10_fast_to_f32(((const uint16_t *)t.scale[k])[group], &ok) : 0.0f;
+    bnb8_sumsq_lanes<R>(t, base, gw);
+    if (next) bnb8_fast_prefetch<R, S, BNB8_FAST_INT8, true>(t, base, nstates);
     // Per element: its master, gradient and expanded states (code 0's unit is 0: its value 0 under
     // every e6m10 scale, all finite), the update; per row the new weights and corrections.
     const float trust = sm.trust;
-    uint32_t nb[R][2], nc[R];
+    float s[R][S][4];
     #pragma unroll
     for (int r = 0; r < R; r++) {
         float pn[4];
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const float p = bnb8_ecc8_value_fast(bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(cor[r] >> (8 * j)) & 255u], &ok);
-            const float g = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
+            const float p = bnb8_ecc8_value_fast(in.bits[r][j / 2] >> (16 * (j & 1)), fs.ecc8[(in.corr[r] >> (8 * j)) & 255u], &ok);
+            const float g = bnb8_fast_grad(gw[r], j);
             ok &= bnb8_isfinite(g);
             float sk[3] = {0.0f, 0.0f, 0.0f}, root;
             #pragma unroll
             for (int k = 0; k < S; k++)
                 if (k < nstates)
-                    sk[k] = bnb8_expand_from_unit(fs.unit[bnb8_state_signed(KIND, k)][(codes[k][r] >> (8 * j)) & 255u], scale[k],
+                    sk[k] = bnb8_expand_from_unit(fs.unit[bnb8_state_signed(KIND, k)][(in.codes[k][r] >> (8 * j)) & 255u], scale[k],
                                                   bnb8_state_signed(KIND, k));
             pn[j] = bnb8_apply(&args, p, bnb8_direction_root(&args, p, g, sk, &root), trust);
             // a non-finite state goes to the exact path, which counts it (a non-finite weight's
@@ -1304,22 +1390,18 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = bnb8_state_signed(KIND, k) ? sk[k] : root;
         }
-        nc[r] = 0;
+        bnb8_fast_bf16_pairs(pn, out.bits[r]);
+        out.corr[r] = 0;
         #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            __nv_bfloat162 two = __floats2bfloat162_rn(pn[2 * h], pn[2 * h + 1]);   // RNE, as bnb8_f32_to_bf16
-            memcpy(&nb[r][h], &two, 4);
-            #pragma unroll
-            for (int j = 2 * h; j < 2 * h + 2; j++)
-                nc[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], nb[r][h] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
-        }
+        for (int j = 0; j < 4; j++)
+            out.corr[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], out.bits[r][j / 2] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
     }
     // The states: per group of 32 (LANES lanes), the scale and the codes. A group max other than 0
     // or in e6m10's normal range (an infinite value, a tiny or saturated scale) sends the warp to the
     // exact path; a NaN (which fmaxf skips) is not vouched for, and its code is redone exactly.
     static_assert(KIND == BNB8_ADAMW || KIND == BNB8_ADAM || KIND == BNB8_SGD || KIND == BNB8_LION,
                   "an unsigned state here is the Adam family's second moment, held as its root");
-    uint32_t q[S][R], sc[S];
+    uint32_t sc[S];
     #pragma unroll
     for (int k = 0; k < S; k++) {
         if (k >= nstates) continue;
@@ -1342,133 +1424,84 @@ __device__ void bnb8_flash_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
                 w |= (is_signed ? bnb8_compand_signed_fast(s[r][k][j], rc, &vouched)
                                 : bnb8_compand_root_fast(s[r][k][j], rc, &vouched)) << (8 * j);
             if (!vouched) w = bnb8_compand_redo4(scale_k, is_signed, s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
-            q[k][r] = w;
+            out.codes[k][r] = w;
         }
     }
     if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_flash_chunk_exact<R, KIND>(sm, base); return; }
-    #pragma unroll
-    for (int r = 0; r < R; r += 2) {
-        const unsigned i = o + 4 * r;
-        BNB8_ST((uint4 *)(param + i), make_uint4(nb[r][0], nb[r][1], nb[r + 1][0], nb[r + 1][1]));
-        BNB8_ST((uint2 *)(corr + i), make_uint2(nc[r], nc[r + 1]));
-        #pragma unroll
-        for (int k = 0; k < S; k++)
-            if (k < nstates) BNB8_ST((uint2 *)(state[k] + i), make_uint2(q[k][r], q[k][r + 1]));
-    }
+    bnb8_fast_store<R, S, BNB8_FAST_INT8>(t, base, nstates, out);
     #pragma unroll
     for (int k = 0; k < S; k++)
-        if (k < nstates && o % BNB8_FLASH_GROUP == 0) scales[k][o / BNB8_FLASH_GROUP] = (uint16_t)sc[k];
+        if (k < nstates && bnb8_fast_offset(R) % BNB8_FLASH_GROUP == 0) ((uint16_t *)t.scale[k])[group] = (uint16_t)sc[k];
 }
 
-// bnb8_update_chunk's DEF instance on a full chunk, out of line: what a warp runs when the fast
-// 8-bit chunk below cannot vouch for one of its elements. Its blocks are its warp's segment
-// (blocksize 128 R), so it needs no barrier. Returns the non-finite count.
-template <int R, int KIND, bool SR>
+// bnb8_update_chunk on a full chunk of a tensor the fast 8-bit chunk below takes, out of line: what
+// a warp runs when that chunk cannot vouch for one of its elements (the DEF instance, or with an
+// fp32 master the general one). Its blocks are its warp's segment (blocksize 128 R), so it needs no
+// barrier. Returns the non-finite count.
+template <int R, int KIND, int W>
 __device__ __noinline__ unsigned bnb8_eight_chunk_exact(bnb8_update_smem &sm, int64_t base) {
+    constexpr bool SR = W == BNB8_FAST_SR;
     unsigned bad = 0;
-    bnb8_update_chunk<R, KIND, true, BNB8_PASS_BLOCKS, !SR, SR, true>(sm, base, false, bnb8_zero_code(0), bnb8_zero_code(1),
-                                                                      bad, nullptr);
+    bnb8_update_chunk<R, KIND, true, BNB8_PASS_BLOCKS, !SR, SR, W != BNB8_FAST_MASTER>(sm, base, false, bnb8_zero_code(0),
+                                                                                       bnb8_zero_code(1), bad, nullptr);
     return bad;
 }
 
-// The default 8-bit configuration (bnb8_default_tensor) on a full chunk whose 8-bit blocks are its
-// warps' segments (blocksize 128 R: the trainer's 256 at 2 rows): bnb8_update_chunk's DEF results
-// in bnb8_flash_chunk_fast's layout (a lane holds 4 R consecutive elements: 16-byte accesses, one
-// absmax per warp and state) with no per-element choice for non-finite values. A weight whose
-// correction the fast forms do not vouch for, a non-finite gradient or a result that cannot be
-// kept (all rare) sends the warp through bnb8_eight_chunk_exact before anything is stored; a row
-// of 4 with a code next to a threshold is redone with the division (bnb8_requantize4), as there.
-// SR: the weights round stochastically (no correction); else they carry an int8 correction.
-template <int R, int KIND, bool SR>
+// A block-wise 8-bit tensor with bf16 weights and gradients whose blocks are its warps' segments
+// (blocksize 128 R: the trainer's 256 at 2 rows), on a full chunk (bnb8_fast_weights): bnb8_update_chunk's
+// results in bnb8_fast_rows' layout (16-byte accesses, one absmax per warp and state) with no
+// per-element choice for non-finite values. A weight whose correction the fast forms do not vouch
+// for, a non-finite gradient or a result that cannot be kept (all rare) sends the warp through
+// bnb8_eight_chunk_exact before anything is stored; a row of 4 with a code next to a threshold is
+// redone with the division (bnb8_requantize4), as there. W: the weights (BNB8_FAST_*).
+template <int R, int KIND, int W>
 __device__ void bnb8_eight_chunk_fast(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
     const bnb8_gpu_tensor &t = sm.t;
     const bnb8_flash_smem &fs = bnb8_flash_tables;
     const bnb8_step_args args = bnb8_args_of<KIND>(t);
     const int nstates = args.nstates;
-    constexpr int S = bnb8_max_states(KIND), N = 4 * R;
-    static_assert(R % 2 == 0, "a lane holds whole 16-byte pieces of its weights");
-    uint16_t *param = (uint16_t *)t.param + base;                    // (R * 1024) bf16
-    uint8_t *corr = (uint8_t *)t.correction + base;                  // (R * 1024) int8, not with SR
-    const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
-    uint8_t *state[S];                                               // (R * 1024) codes
-    #pragma unroll
-    for (int k = 0; k < S; k++) state[k] = (uint8_t *)t.state[k] + base;
-    const unsigned o = (threadIdx.x / 32) * 128 * R + (threadIdx.x % 32) * N;   // this thread's N elements
-    const int64_t block = (base + o) >> sm.shift;                    // its warp's 8-bit block
-    uint32_t bits[R][2], cor[R] = {}, gw[R][2], codes[S][R];
+    constexpr int S = bnb8_max_states(KIND);
+    const int64_t block = (base + bnb8_fast_offset(R)) >> sm.shift;   // its warp's 8-bit block
+    bnb8_fast_rows<R, S> in, out;
+    uint32_t gw[R][2];
+    bnb8_fast_load<R, S, W>(t, base, nstates, in, gw);
     float scale[S];
-    // Every load first.
-    #pragma unroll
-    for (int r = 0; r < R; r += 2) {
-        const unsigned i = o + 4 * r;
-        uint4 w = BNB8_LD((const uint4 *)(param + i)), h = BNB8_LD((const uint4 *)(grad + i));
-        bits[r][0] = w.x, bits[r][1] = w.y, bits[r + 1][0] = w.z, bits[r + 1][1] = w.w;
-        gw[r][0] = h.x, gw[r][1] = h.y, gw[r + 1][0] = h.z, gw[r + 1][1] = h.w;
-        if (!SR) {
-            uint2 c = BNB8_LD((const uint2 *)(corr + i));
-            cor[r] = c.x, cor[r + 1] = c.y;
-        }
-        #pragma unroll
-        for (int k = 0; k < S; k++) {
-            if (k >= nstates) continue;
-            uint2 q = BNB8_LD((const uint2 *)(state[k] + i));
-            codes[k][r] = q.x, codes[k][r + 1] = q.y;
-        }
-    }
     #pragma unroll
     for (int k = 0; k < S; k++) scale[k] = k < nstates ? BNB8_LD(&t.absmax[k][block]) : 0.0f;
-    {
-        float g[R][4];           // the gradients as floats for the sums only: the update unpacks them again
-        #pragma unroll
-        for (int r = 0; r < R; r++)
-            #pragma unroll
-            for (int j = 0; j < 4; j++) g[r][j] = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
-        bnb8_sumsq_lanes<R>(t, base, g);
-    }
-    if (next) {                  // the same elements of the next chunk (a full one of this tensor)
-        bnb8_prefetch(param + o + R * BNB8_ROW);
-        bnb8_prefetch(grad + o + R * BNB8_ROW);
-        if (!SR) bnb8_prefetch(corr + o + R * BNB8_ROW);
-        #pragma unroll
-        for (int k = 0; k < S; k++)
-            if (k < nstates) bnb8_prefetch(state[k] + o + R * BNB8_ROW);
-    }
+    bnb8_sumsq_lanes<R>(t, base, gw);
+    if (next) bnb8_fast_prefetch<R, S, W, false>(t, base, nstates);
     // Per element: its master, gradient and states, the update; per row the new weights and corrections.
     const float trust = sm.trust;
     int ok = 1;
     float s[R][S][4];
-    uint32_t nb[R][2], nc[R];
     #pragma unroll
     for (int r = 0; r < R; r++) {
         float pn[4];
         #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const uint32_t h = bits[r][j / 2] >> (16 * (j & 1));
-            const float p = SR ? bnb8_bf16_to_f32((uint16_t)h) : bnb8_ecc8_value_fast(h, fs.ecc8[(cor[r] >> (8 * j)) & 255u], &ok);
-            const float g = bnb8_bf16_to_f32((uint16_t)(gw[r][j / 2] >> (16 * (j & 1))));
+            const uint32_t h = W == BNB8_FAST_MASTER ? 0 : in.bits[r][j / 2] >> (16 * (j & 1));
+            const float p = W == BNB8_FAST_MASTER ? in.master[r][j]
+                          : W == BNB8_FAST_SR ? bnb8_bf16_to_f32((uint16_t)h)
+                          : bnb8_ecc8_value_fast(h, fs.ecc8[(in.corr[r] >> (8 * j)) & 255u], &ok);
+            const float g = bnb8_fast_grad(gw[r], j);
             float sk[3] = {0.0f, 0.0f, 0.0f};
             #pragma unroll
             for (int k = 0; k < S; k++)
-                if (k < nstates) sk[k] = sm.code[bnb8_state_signed(KIND, k)][(codes[k][r] >> (8 * j)) & 255u] * scale[k];
+                if (k < nstates) sk[k] = sm.code[bnb8_state_signed(KIND, k)][(in.codes[k][r] >> (8 * j)) & 255u] * scale[k];
             pn[j] = bnb8_apply(&args, p, bnb8_direction(&args, p, g, sk), trust);
-            if constexpr (SR) pn[j] = bnb8_round_result(&t.rounding, pn[j], BNB8_BF16, base + o + 4 * r + j);
+            if constexpr (W == BNB8_FAST_SR) pn[j] = bnb8_round_result(&t.rounding, pn[j], BNB8_BF16, base + bnb8_fast_offset(R) + 4 * r + j);
             ok &= bnb8_isfinite(g) && bnb8_results_finite(pn[j], BNB8_BF16, sk, nstates);
             #pragma unroll
             for (int k = 0; k < S; k++) s[r][k][j] = sk[k];
+            if (W == BNB8_FAST_MASTER) out.master[r][j] = pn[j];
         }
-        // RNE, as bnb8_f32_to_bf16 for a finite pn below bf16's overflow (else the warp redoes it)
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            __nv_bfloat162 two = __floats2bfloat162_rn(pn[2 * h], pn[2 * h + 1]);
-            memcpy(&nb[r][h], &two, 4);
-        }
-        nc[r] = 0;
+        bnb8_fast_bf16_pairs(pn, out.bits[r]);   // pn is finite below bf16's overflow, else the warp redoes it
+        out.corr[r] = 0;
         #pragma unroll
         for (int j = 0; j < 4; j++)
-            if (!SR) nc[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], nb[r][j / 2] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
+            if (W == BNB8_FAST_INT8) out.corr[r] |= ((uint32_t)bnb8_ecc8_code_fast(pn[j], out.bits[r][j / 2] >> (16 * (j & 1)), &ok) & 255u) << (8 * j);
     }
     // The states: per warp (its block) the new absmax and the codes under it.
-    uint32_t q[S][R];
     float amax[S];
     #pragma unroll
     for (int k = 0; k < S; k++) {
@@ -1489,22 +1522,112 @@ __device__ void bnb8_eight_chunk_fast(bnb8_update_smem &sm, int64_t base, bool n
             #pragma unroll
             for (int j = 0; j < 4; j++) w |= (uint32_t)bnb8_quantize_value_near(book, s[r][k][j], rec, &redo) << (8 * j);
             if (redo) w = bnb8_requantize4(book, bnb8_zero_code(is_signed), amax[k], s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]);
-            q[k][r] = w;
+            out.codes[k][r] = w;
         }
     }
-    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_eight_chunk_exact<R, KIND, SR>(sm, base); return; }
-    #pragma unroll
-    for (int r = 0; r < R; r += 2) {
-        const unsigned i = o + 4 * r;
-        BNB8_ST((uint4 *)(param + i), make_uint4(nb[r][0], nb[r][1], nb[r + 1][0], nb[r + 1][1]));
-        if (!SR) BNB8_ST((uint2 *)(corr + i), make_uint2(nc[r], nc[r + 1]));
-        #pragma unroll
-        for (int k = 0; k < S; k++)
-            if (k < nstates) BNB8_ST((uint2 *)(state[k] + i), make_uint2(q[k][r], q[k][r + 1]));
-    }
+    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_eight_chunk_exact<R, KIND, W>(sm, base); return; }
+    bnb8_fast_store<R, S, W>(t, base, nstates, out);
     #pragma unroll
     for (int k = 0; k < S; k++)
         if (k < nstates && threadIdx.x % 32 == 0) t.absmax[k][block] = amax[k];
+}
+
+// bnb8_flash_chunk on a full chunk of 32-bit states, out of line: what a warp runs when the fast
+// 32-bit chunk below cannot vouch for one of its elements. Returns the non-finite count.
+template <int R, int KIND>
+__device__ __noinline__ unsigned bnb8_wide_chunk_exact(bnb8_update_smem &sm, int64_t base) {
+    unsigned bad = 0;
+    bnb8_flash_chunk<R, KIND, true, false>(sm, base, bad);
+    return bad;
+}
+
+// 32-bit states with bf16 weights and gradients and an fp32 master (the trainer's fp32 recipe) on a
+// full chunk (bnb8_fast_weights): bnb8_flash_chunk's results in bnb8_fast_rows' layout (16-byte
+// accesses), without reading the bf16 weights, which the master holds. A non-finite gradient or a
+// result that cannot be kept (rare) sends the warp through bnb8_wide_chunk_exact before anything is
+// stored, so that every element here takes its step.
+template <int R, int KIND>
+__device__ void bnb8_wide_chunk_fast(bnb8_update_smem &sm, int64_t base, bool next, unsigned &bad) {
+    const bnb8_gpu_tensor &t = sm.t;
+    const bnb8_step_args args = bnb8_args_of<KIND>(t);
+    const int nstates = args.nstates;
+    constexpr int S = bnb8_max_states(KIND);
+    static_assert(R % 2 == 0, "a lane holds whole 16-byte pieces of its weights");
+    const unsigned o = bnb8_fast_offset(R);
+    float *master = (float *)t.correction + base;                    // (R * 1024) fp32
+    const uint16_t *grad = (const uint16_t *)t.grad + base;          // (R * 1024) bf16
+    float p[R][4], s[R][S][4];
+    uint32_t gw[R][2];
+    // Every load first: per row a float4 of each fp32 array, per two rows a uint4 of gradients.
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        const unsigned i = o + 4 * r;
+        const float4 m = BNB8_LD((const float4 *)(master + i));
+        p[r][0] = m.x, p[r][1] = m.y, p[r][2] = m.z, p[r][3] = m.w;
+        if (r % 2 == 0) {
+            const uint4 h = BNB8_LD((const uint4 *)(grad + i));
+            gw[r][0] = h.x, gw[r][1] = h.y, gw[r + 1][0] = h.z, gw[r + 1][1] = h.w;
+        }
+        #pragma unroll
+        for (int k = 0; k < S; k++) {
+            if (k >= nstates) continue;
+            const float4 v = BNB8_LD((const float4 *)((const float *)t.state[k] + base + i));
+            s[r][k][0] = v.x, s[r][k][1] = v.y, s[r][k][2] = v.z, s[r][k][3] = v.w;
+        }
+    }
+    bnb8_sumsq_lanes<R>(t, base, gw);
+    if (next) {                  // the same elements of the next chunk (a full one of this tensor)
+        const unsigned i = o + R * BNB8_ROW;
+        bnb8_prefetch(master + i);
+        bnb8_prefetch(grad + i);
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            if (k < nstates) bnb8_prefetch((const float *)t.state[k] + base + i);
+    }
+    const float trust = sm.trust;
+    int ok = 1;
+    uint32_t nb[R][2];
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float g = bnb8_fast_grad(gw[r], j);
+            float sk[3] = {0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int k = 0; k < S; k++) if (k < nstates) sk[k] = s[r][k][j];
+            p[r][j] = bnb8_apply(&args, p[r][j], bnb8_direction(&args, p[r][j], g, sk), trust);
+            ok &= bnb8_isfinite(g) && bnb8_results_finite(p[r][j], BNB8_BF16, sk, nstates);
+            #pragma unroll
+            for (int k = 0; k < S; k++) s[r][k][j] = sk[k];
+        }
+        bnb8_fast_bf16_pairs(p[r], nb[r]);   // p is finite below bf16's overflow, else the warp redoes it
+    }
+    if (__any_sync(0xffffffffu, !ok)) { bad += bnb8_wide_chunk_exact<R, KIND>(sm, base); return; }
+    uint16_t *param = (uint16_t *)t.param + base;
+    #pragma unroll
+    for (int r = 0; r < R; r++) {
+        const unsigned i = o + 4 * r;
+        if (r % 2 == 0) BNB8_ST((uint4 *)(param + i), make_uint4(nb[r][0], nb[r][1], nb[r + 1][0], nb[r + 1][1]));
+        BNB8_ST((float4 *)(master + i), make_float4(p[r][0], p[r][1], p[r][2], p[r][3]));
+        #pragma unroll
+        for (int k = 0; k < S; k++)
+            if (k < nstates) BNB8_ST((float4 *)((float *)t.state[k] + base + i), make_float4(s[r][k][0], s[r][k][1], s[r][k][2], s[r][k][3]));
+    }
+}
+
+// The fast chunks of a run: a tensor's full chunks [chunk, run_end) from element base. STATES: the
+// tensor's states (BNB8_STATE_FLASH, _8BIT or _32BIT: the fast flash, 8-bit or 32-bit chunk); W: the
+// 8-bit chunk's weights (BNB8_FAST_*). Returns the non-finite count.
+template <int R, int KIND, int STATES, int W = BNB8_FAST_INT8>
+__device__ __forceinline__ unsigned bnb8_fast_chunks(bnb8_update_smem &sm, int64_t chunk, int64_t run_end, int64_t base) {
+    unsigned bad = 0;
+    for (; chunk < run_end; chunk++, base += R * BNB8_ROW) {
+        const bool next = chunk + 1 < run_end;
+        if constexpr (STATES == BNB8_STATE_FLASH) bnb8_flash_chunk_fast<R, KIND>(sm, base, next, bad);
+        else if constexpr (STATES == BNB8_STATE_8BIT) bnb8_eight_chunk_fast<R, KIND, W>(sm, base, next, bad);
+        else bnb8_wide_chunk_fast<R, KIND>(sm, base, next, bad);
+    }
+    return bad;
 }
 
 // 4-bit states (DESIGN.md §5.7), in launches that have them (FLASH modes 3 and 5): the 16-value maps
@@ -1707,6 +1830,10 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
 // kernels only, so that the others keep their registers (DESIGN.md §6.6); no fast flash path.
 // BNB8_FOUR_SR_LAUNCH (5): mode 4 with 4-bit or flash4 tensors among them: mode 4's paths and
 // bnb8_four_chunk's rounding instance, so that modes 3 and 4 compile as without it.
+// BNB8_MASTER_LAUNCH (6): every tensor of the launch has bf16 weights and gradients with an fp32
+// master, its states 8-bit or 32-bit (the trainer's 8bit and fp32 recipes): mode 2's paths with the
+// fast chunks of fp32 masters (bnb8_eight_chunk_fast's, bnb8_wide_chunk_fast) in place of the flash
+// and int8 ones, so that modes 1 and 2 compile as without them.
 // PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
 // passes the blocksize-0 ones after them (tensor_max: their maxima, 3 per tensor).
 template <int R, int KIND, int FLASH, int PASS>
@@ -1717,7 +1844,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
     bnb8_update_smem &sm = *(bnb8_update_smem *)bnb8_smem;
     constexpr bool SR = FLASH == BNB8_SR_LAUNCH || FLASH == BNB8_FOUR_SR_LAUNCH;
     constexpr bool FOUR = FLASH == BNB8_FOUR_LAUNCH || FLASH == BNB8_FOUR_SR_LAUNCH;   // 4-bit tensors, their tables
-    constexpr bool MASTERS = FLASH == 2 || FLASH == BNB8_FOUR_LAUNCH;   // chunks of 8-bit states may carry masters
+    constexpr bool MASTERS = FLASH == 2 || FLASH == BNB8_FOUR_LAUNCH || FLASH == BNB8_MASTER_LAUNCH;   // chunks of 8-bit states may carry masters
     for (int k = threadIdx.x; k < 512; k += blockDim.x) (&sm.code[0][0])[k] = (&h->code[0][0])[k];
     if (FLASH && (!SR || bnb8_flash_form(KIND))) {   // the tables (an SR launch's flash tensors need them)
         bnb8_flash_tables.unit[0][threadIdx.x] = bnb8_expand_unit((uint8_t)threadIdx.x, 0);
@@ -1788,6 +1915,7 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
                     sm.shift = bnb8_absmax_shift(t);
                     sm.vec = bnb8_tensor_vec(t);
                     sm.def = bnb8_default_tensor(t);
+                    sm.fast = bnb8_fast_weights(t, R);
                 }
                 __syncthreads();
                 next_tensor_chunk = ti + 1 < count ? tensors[ti + 1].first_chunk : total;
@@ -1830,32 +1958,41 @@ bnb8_update_kernel(bnb8_step_header *h, const bnb8_gpu_tensor *tensors, const do
             }
             if constexpr (FLASH && !SR && PASS == BNB8_PASS_BLOCKS) {   // the passes hold no flash tensors
                 if (sm.t.format == BNB8_STATE_FLASH || (sm.t.correction_bytes && !sm.t.eight_bit)) {
-                    if (full && sm.def) {
-                        for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                            bnb8_flash_chunk_fast<R, KIND>(sm, base, chunk + 1 < run_end, bad);
-                        chunk--;
+                    // Mode 6 holds no flash tensors: its 32-bit ones take the fast 32-bit chunk, at 2 rows
+                    // (the values of 4 would spill).
+                    constexpr bool WIDE = FLASH == BNB8_MASTER_LAUNCH;
+                    if (WIDE && R == 2 && full && sm.t.format == BNB8_STATE_32BIT && sm.fast == BNB8_FAST_MASTER) {
+                        if constexpr (WIDE && R == 2) bad += bnb8_fast_chunks<R, KIND, BNB8_STATE_32BIT>(sm, chunk, run_end, base);
+                        chunk = run_end - 1;
+                    }
+                    else if (!WIDE && full && sm.def) {
+                        if constexpr (!WIDE) bad += bnb8_fast_chunks<R, KIND, BNB8_STATE_FLASH>(sm, chunk, run_end, base);
+                        chunk = run_end - 1;
                     }
                     else if (full) bnb8_flash_chunk<R, KIND, true, false>(sm, base, bad);
                     else bnb8_flash_chunk<R, KIND, false, false>(sm, base, bad);
                     continue;
                 }
             }
+            // Block-wise 8-bit tensors with bf16 weights whose blocks are the warps' segments take the
+            // fast 8-bit chunk, at 2 rows, with its weights' instance: int8 corrections in mode 2,
+            // stochastic rounding in mode 4, fp32 masters in mode 6. The 4-bit paths of modes 3 and 5
+            // already hold more registers; the fp32 masters' instance beside the others (inline or out
+            // of line) made mode 2's paths slower (dev/results/kernels.md).
+            constexpr int W8 = FLASH == 2 ? BNB8_FAST_INT8 : FLASH == BNB8_SR_LAUNCH ? BNB8_FAST_SR
+                             : FLASH == BNB8_MASTER_LAUNCH ? BNB8_FAST_MASTER : -1;
+            constexpr bool FAST8 = W8 >= 0 && PASS == BNB8_PASS_BLOCKS && R == 2;
+            if (FAST8 && full && sm.t.eight_bit && sm.fast == W8) {
+                if constexpr (FAST8) bad += bnb8_fast_chunks<R, KIND, BNB8_STATE_8BIT, W8>(sm, chunk, run_end, base);
+                chunk = run_end - 1;
+                continue;
+            }
             unsigned *tmax = PASS == BNB8_PASS_BLOCKS ? nullptr : tensor_max + 3 * ti;
             // 8-bit tensors in the default configuration (the 4-bit ones took their branch above)
-            constexpr bool DEF8 = (MASTERS || SR) && PASS == BNB8_PASS_BLOCKS;
-            // Those whose blocks are the warps' segments take the fast 8-bit chunk, in mode 2 only: the 4-bit
-            // paths of modes 3 and 5 already hold more registers, and its stochastic-rounding instance
-            // (mode 4) has not yet passed test_gpu's parity (dev/results/kernels.md).
-            constexpr bool FAST8 = FLASH == 2 && PASS == BNB8_PASS_BLOCKS && R == 2;
+            constexpr bool DEF8 = (MASTERS || SR) && PASS == BNB8_PASS_BLOCKS && FLASH != BNB8_MASTER_LAUNCH;   // none in mode 6
             if (DEF8 && full && sm.def && sm.t.eight_bit) {
-                if (FAST8 && sm.t.blocksize == 128 * R) {
-                    if constexpr (FAST8)
-                        for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                            bnb8_eight_chunk_fast<R, KIND, SR>(sm, base, chunk + 1 < run_end, bad);
-                } else {
-                    for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
-                        bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR, DEF8>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
-                }
+                for (; chunk < run_end; chunk++, base += R * BNB8_ROW)
+                    bnb8_update_chunk<R, KIND, true, PASS, MASTERS, SR, DEF8>(sm, base, chunk + 1 < run_end, zero_unsigned, zero_signed, bad, tmax);
                 chunk--;
             }
             else if (full && RUN) {
@@ -1973,6 +2110,8 @@ static bnb8_status bnb8_launch_kind(bnb8_cuda_context *c, int flash, int rows, i
         }
         if (flash == 2) return bnb8_launch_update<KIND, 2, PASS>(c, rows, chunks, dh, dt, stream);
         if constexpr (PASS == BNB8_PASS_BLOCKS)
+            if (flash == BNB8_MASTER_LAUNCH) return bnb8_launch_update<KIND, BNB8_MASTER_LAUNCH, PASS>(c, rows, chunks, dh, dt, stream);
+        if constexpr (PASS == BNB8_PASS_BLOCKS)
             if (flash == 1) return bnb8_launch_update<KIND, 1, PASS>(c, rows, chunks, dh, dt, stream);
     }
     return bnb8_launch_update<KIND, 0, PASS>(c, rows, chunks, dh, dt, stream);
@@ -2069,9 +2208,11 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     memcpy(h->books, books, sizeof h->books);
     // Chunks of 2 rows, or 4 when a tensor has blocks of 4096: a chunk holds whole blocks.
     int rows = 2, need_percentile = 0, need_trust = 0, flash = 0, per_tensor_masters = 0, four = 0, rank1 = 0;
-    int stochastic = 0;
+    int stochastic = 0, fp32_masters = 1;
     for (int i = 0; i < count; i++) {
         stochastic += tensors[i].rounding.on != 0;
+        fp32_masters &= tensors[i].param_dtype == BNB8_BF16 && tensors[i].grad_dtype == BNB8_BF16 && tensors[i].correction_bytes == 4 &&
+                        (tensors[i].format == BNB8_STATE_8BIT || tensors[i].format == BNB8_STATE_32BIT);
         int blocks = tensors[i].eight_bit || tensors[i].format == BNB8_STATE_4BIT;
         if (blocks && bnb8_rows_for(tensors[i].blocksize) == 4) rows = 4;
         if (tensors[i].format == BNB8_STATE_FLASH || tensors[i].correction_bytes) flash = flash > 1 ? flash : 1;
@@ -2130,6 +2271,7 @@ extern "C" bnb8_status bnb8_cuda_step(void **context, const bnb8_gpu_tensor *ten
     if (flash && !bnb8_flash_form(kind))
         return bnb8_fail(BNB8_ERR_ARG, "%s: flash or 4-bit states for optimizer kind %d", fn, kind);
     if (stochastic) flash = four ? BNB8_FOUR_SR_LAUNCH : BNB8_SR_LAUNCH;   // their kernels (none of their tensors has a correction)
+    if (fp32_masters) flash = BNB8_MASTER_LAUNCH;   // bf16 weights with fp32 masters alone: their kernels
     if (blocked > 0) status = bnb8_launch_pass<BNB8_PASS_BLOCKS>(c, kind, flash, rows, blocked_chunks, dh, dt, stream);
     if (!status && blocked < count) {
         status = bnb8_cuda_status(fn, cudaMemsetAsync(c->tensor_max + 3 * (size_t)blocked, 0,

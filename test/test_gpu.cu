@@ -476,24 +476,28 @@ static void test_master_parity(void) {
         EXPECT(worst == 0.0 && equal, "%s %s p %s master %s: params differ by %g rel, states or exports %s",
                optimizer_names[c.kind], fmt, dtype_name(c.pdtype), master_names[c.correction], worst, equal ? "equal" : "differ");
     }
-    // The default 8-bit configuration (bf16 weights, int8 corrections, blocks of 256: the fast chunk)
-    // with cfg.sum_squares (its lanes' sums), and with weights near the bottom of bf16's range (1e-36,
-    // lr 1e-37), whose corrections its fast forms leave to the exact chunk.
-    for (int tiny = 0; tiny < 2; tiny++) {
+    // The fast chunks' tensors (bf16 weights and 8-bit states in blocks of 256 with int8 corrections
+    // or fp32 masters, or 32-bit states with fp32 masters) with cfg.sum_squares (their lanes' sums),
+    // and with weights near the bottom of bf16's range (1e-36, lr 1e-37), whose int8 corrections the
+    // fast forms leave to the exact chunk.
+    for (int run = 0; run < 6; run++) {
+        const int tiny = run % 2, cb = run < 2 ? 1 : 4;
+        const bnb8_state_format format = run < 4 ? BNB8_STATE_8BIT : BNB8_STATE_32BIT;
         bnb8_config cfg = bnb8_config_default(BNB8_ADAMW);
-        cfg.format = BNB8_STATE_8BIT;
+        cfg.format = format;
         cfg.min_8bit_size = 0;
         cfg.weight_decay = 0.01f;
-        cfg.correction_bytes = 1;
+        cfg.correction_bytes = cb;
         cfg.sum_squares = !tiny;
         if (tiny) cfg.lr = 1e-37f;
         int equal = 0;
         double worst = optimizer_parity(BNB8_ADAMW, cfg, BNB8_BF16, BNB8_BF16, sizes, steps(tiny ? 20 : 100), &equal, NULL, NULL,
                                         1, tiny ? 1e-36f : 0.1f);
-        const char *what = tiny ? "tiny weights" : "sum of g^2";
-        printf("    AdamW  8-bit      p bf16 master int8 : %s: %s\n", what, worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
-        EXPECT(worst == 0.0 && equal, "AdamW 8-bit p bf16 master int8, %s: params differ by %g rel, states or exports %s", what,
-               worst, equal ? "equal" : "differ");
+        const char *what = tiny ? "tiny weights" : "sum of g^2", *fmt = format == BNB8_STATE_8BIT ? "8-bit" : "32-bit";
+        printf("    AdamW  %-10s p bf16 master %-5s: %s: %s\n", fmt, master_names[cb], what,
+               worst == 0.0 && equal ? "bit-identical" : "DIFFERENT");
+        EXPECT(worst == 0.0 && equal, "AdamW %s p bf16 master %s, %s: params differ by %g rel, states or exports %s",
+               fmt, master_names[cb], what, worst, equal ? "equal" : "differ");
     }
 }
 
