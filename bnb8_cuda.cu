@@ -1831,9 +1831,9 @@ __device__ __forceinline__ void bnb8_four_chunk(bnb8_update_smem &sm, int64_t ba
 // BNB8_FOUR_SR_LAUNCH (5): mode 4 with 4-bit or flash4 tensors among them: mode 4's paths and
 // bnb8_four_chunk's rounding instance, so that modes 3 and 4 compile as without it.
 // BNB8_MASTER_LAUNCH (6): every tensor of the launch has bf16 weights and gradients with an fp32
-// master, its states 8-bit or 32-bit (the trainer's 8bit and fp32 recipes): mode 2's paths with the
-// fast chunks of fp32 masters (bnb8_eight_chunk_fast's, bnb8_wide_chunk_fast) in place of the flash
-// and int8 ones, so that modes 1 and 2 compile as without them.
+// master, its states 8-bit or 32-bit (the trainer's 8bit and fp32 recipes): the general chunks and
+// the fast chunks of fp32 masters (bnb8_eight_chunk_fast's, bnb8_wide_chunk_fast) in place of mode
+// 2's flash, int8 and default 8-bit instances, so that modes 1 and 2 compile as without them.
 // PASS: BNB8_PASS_BLOCKS steps tensors [0, h->blocked), the blocked and 32-bit ones; the other
 // passes the blocksize-0 ones after them (tensor_max: their maxima, 3 per tensor).
 template <int R, int KIND, int FLASH, int PASS>
